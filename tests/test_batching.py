@@ -1,0 +1,218 @@
+"""Batching: layout of a batch, bucketing, coverage, exact resume, process sharding."""
+
+import collections
+import json
+import time
+
+import numpy as np
+import pytest
+
+from transformer_jax.data.batching import (BatchIterator, eval_batches, make_bucket_lengths,
+                                           padding_efficiency)
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+BUCKETS = (8, 16, 24, 32)
+
+
+def random_examples(n, seed=0, max_len=30):
+  rng = np.random.default_rng(seed)
+  return [(rng.integers(4, 100, size=rng.integers(0, max_len)).tolist(),
+           rng.integers(4, 100, size=rng.integers(1, max_len)).tolist()) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def examples():
+  return random_examples(1000)
+
+
+def make_iterator(examples, **kwargs):
+  defaults = dict(seed=1, bucket_lengths=BUCKETS)
+  if "batch_size" not in kwargs:
+    defaults["tokens_per_batch"] = 512
+  return BatchIterator(examples, **(defaults | kwargs))
+
+
+def content(row):
+  """A row's tokens before the first PAD."""
+  row = list(row)
+  return row[:row.index(PAD_ID)] if PAD_ID in row else row
+
+
+def test_make_bucket_lengths():
+  assert make_bucket_lengths(64) == (8, 16, 24, 32, 40, 48, 56, 64)
+  assert make_bucket_lengths(256) == (32, 64, 96, 128, 160, 192, 224, 256)
+  assert make_bucket_lengths(100)[-1] == 100
+
+
+def test_batch_layout():
+  ex = [([10, 11, 12], [20, 21]), ([13], [22, 23, 24, 25])]
+  batch = next(make_iterator(ex, batch_size=2, shuffle=False))
+  assert set(batch) == {"inputs", "decoder_inputs", "targets"}
+  for array in batch.values():
+    assert array.dtype == np.int32 and array.shape == (2, 8)
+  np.testing.assert_array_equal(batch["inputs"], [[10, 11, 12, EOS_ID, 0, 0, 0, 0],
+                                                  [13, EOS_ID, 0, 0, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(batch["decoder_inputs"], [[BOS_ID, 20, 21, 0, 0, 0, 0, 0],
+                                                          [BOS_ID, 22, 23, 24, 25, 0, 0, 0]])
+  np.testing.assert_array_equal(batch["targets"], [[20, 21, EOS_ID, 0, 0, 0, 0, 0],
+                                                   [22, 23, 24, 25, EOS_ID, 0, 0, 0]])
+
+
+def test_decoder_inputs_are_targets_shifted_right(examples):
+  it = make_iterator(examples)
+  for _ in range(20):
+    batch = next(it)
+    targets, decoder_inputs = batch["targets"], batch["decoder_inputs"]
+    np.testing.assert_array_equal(decoder_inputs[:, 0], BOS_ID)
+    # Shifting drops the final EOS; everywhere else the two agree.
+    shifted = np.where(targets[:, :-1] == EOS_ID, PAD_ID, targets[:, :-1])
+    np.testing.assert_array_equal(decoder_inputs[:, 1:], shifted)
+    # Exactly one EOS per row, right after the sentence.
+    for row in (*batch["inputs"], *targets):
+      assert content(row).count(EOS_ID) == 1 and content(row)[-1] == EOS_ID
+
+
+def test_shapes_are_few_and_within_token_budget(examples):
+  it = make_iterator(examples, batch_multiple=4)
+  shapes = {next(it)["inputs"].shape for _ in range(it.batches_per_epoch)}
+  assert len(shapes) <= len(BUCKETS)
+  for rows, length in shapes:
+    assert rows * length <= 512 and rows % 4 == 0
+    assert it.rows_per_bucket[length] == rows
+  assert it.rows_per_bucket == {8: 64, 16: 32, 24: 20, 32: 16}
+
+
+def epoch_sources(it):
+  seen = collections.Counter()
+  for _ in range(it.batches_per_epoch):
+    for row in next(it)["inputs"]:
+      if row[0] != PAD_ID:
+        seen[tuple(content(row)[:-1])] += 1
+  return seen
+
+
+def test_every_example_once_per_epoch(examples):
+  want = collections.Counter(tuple(s) for s, _ in examples)
+  it = make_iterator(examples, drop_remainder=False)
+  assert epoch_sources(it) == want
+  assert epoch_sources(it) == want  # The second epoch, shuffled differently.
+
+
+def test_drop_remainder_drops_less_than_a_batch_per_bucket(examples):
+  want = collections.Counter(tuple(s) for s, _ in examples)
+  it = make_iterator(examples)
+  seen = epoch_sources(it)
+  assert all(count <= want[source] for source, count in seen.items())
+  assert 0 <= len(examples) - sum(seen.values()) < sum(it.rows_per_bucket.values())
+
+
+def test_epochs_are_shuffled_differently(examples):
+  it = make_iterator(examples)
+  first = [next(it)["inputs"] for _ in range(it.batches_per_epoch)]
+  second = [next(it)["inputs"] for _ in range(it.batches_per_epoch)]
+  assert any(a.shape != b.shape or (a != b).any() for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("epochs, batches", [(0, 0), (0, 5), (1, 0), (2, 3)])
+def test_exact_resume(examples, epochs, batches):
+  # (1, 0): saved exactly at an epoch boundary.
+  it = make_iterator(examples)
+  for _ in range(epochs * it.batches_per_epoch + batches):
+    next(it)
+  state = json.loads(json.dumps(it.get_state()))  # What a checkpoint would store.
+  restored = make_iterator(examples)
+  restored.set_state(state)
+  for _ in range(30):
+    a, b = next(it), next(restored)
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_resume_over_different_data_is_an_error(examples):
+  state = make_iterator(examples).get_state()
+  with pytest.raises(ValueError, match="examples"):
+    make_iterator(examples[:-1]).set_state(state)
+
+
+def test_process_slices_concatenate_to_the_global_batch(examples):
+  whole = make_iterator(examples, batch_multiple=4)
+  parts = [make_iterator(examples, batch_multiple=4, process_index=i, process_count=4)
+           for i in range(4)]
+  for _ in range(25):
+    batch = next(whole)
+    slices = [next(p) for p in parts]
+    for key in batch:
+      np.testing.assert_array_equal(np.concatenate([s[key] for s in slices]), batch[key])
+
+
+def test_truncation_keeps_room_for_eos_and_bos():
+  ex = [(list(range(4, 50)), list(range(4, 9))), ([5], list(range(4, 60))), ([5], [6])]
+  it = make_iterator(ex, batch_size=1, shuffle=False)
+  assert it.num_truncated == 2
+  batches = [next(it) for _ in range(3)]
+  long_source = next(b for b in batches if b["inputs"][0, 0] == 4)
+  assert long_source["inputs"].shape == (1, 32)
+  assert long_source["inputs"][0, -1] == EOS_ID
+  long_target = next(b for b in batches if b["targets"].shape[1] == 32 and b["inputs"][0, 0] == 5)
+  assert long_target["targets"][0, -1] == EOS_ID
+  assert long_target["decoder_inputs"][0, 0] == BOS_ID
+  assert long_target["decoder_inputs"][0, -1] == 4 + 30
+
+
+def test_eval_batches_cover_every_example_once_in_fixed_shapes(examples):
+  batches = list(eval_batches(examples, batch_size=48, bucket_lengths=BUCKETS))
+  shapes = {b["inputs"].shape for b in batches}
+  assert len(shapes) <= len(BUCKETS) and all(rows == 48 for rows, _ in shapes)
+  index = np.concatenate([b["index"] for b in batches])
+  assert sorted(index[index >= 0].tolist()) == list(range(len(examples)))
+  for batch in batches:
+    for i, src_row, tgt_row in zip(batch["index"], batch["inputs"], batch["targets"]):
+      if i < 0:
+        assert (src_row == PAD_ID).all() and (tgt_row == PAD_ID).all()
+      else:
+        assert content(src_row) == examples[i][0] + [EOS_ID]
+        assert content(tgt_row) == examples[i][1] + [EOS_ID]
+
+
+def test_padding_efficiency_by_hand():
+  batch = {"inputs": np.array([[5, 1, 0, 0], [5, 6, 7, 1]]),   # 6 real of 8
+           "targets": np.array([[8, 1, 0, 0], [0, 0, 0, 0]])}  # 2 real of 8
+  assert padding_efficiency(batch) == 8 / 16
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(tokens_per_batch=20), "tokens_per_batch=20"),
+    (dict(tokens_per_batch=256, batch_multiple=16), "tokens_per_batch=256"),
+    (dict(tokens_per_batch=None), "exactly one of"),
+    (dict(tokens_per_batch=512, batch_size=16), "exactly one of"),
+    (dict(batch_size=6, batch_multiple=4), "batch_size=6"),
+    (dict(batch_multiple=2, process_count=4), "process_count=4"),
+    (dict(process_index=2, process_count=2), "process_index=2"),
+    (dict(bucket_lengths=(16, 8)), "bucket_lengths"),
+])
+def test_bad_arguments_are_named(examples, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    make_iterator(examples, **kwargs)
+
+
+def test_bad_examples_are_named():
+  with pytest.raises(ValueError, match="empty"):
+    make_iterator([])
+  with pytest.raises(ValueError, match="target ids of example 1"):
+    make_iterator([([5], [6]), ([5], [6, EOS_ID])])
+  with pytest.raises(ValueError, match="No full batch"):
+    make_iterator([([5], [6])], batch_size=4)
+
+
+def test_an_epoch_of_30k_pairs_is_fast():
+  # numpy arrays, not lists: the other accepted input type, and quick to make.
+  rng = np.random.default_rng(0)
+  src_lens, tgt_lens = rng.integers(1, 60, size=(2, 30_000))
+  sources = np.split(rng.integers(4, 100, size=src_lens.sum()), np.cumsum(src_lens)[:-1])
+  targets = np.split(rng.integers(4, 100, size=tgt_lens.sum()), np.cumsum(tgt_lens)[:-1])
+  ex = list(zip(sources, targets))
+  start = time.perf_counter()
+  it = BatchIterator(ex, seed=0, bucket_lengths=make_bucket_lengths(64), tokens_per_batch=4096)
+  for _ in range(it.batches_per_epoch):
+    next(it)
+  assert time.perf_counter() - start < 1.0

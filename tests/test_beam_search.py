@@ -1,0 +1,386 @@
+"""Beam search (§6.1): the length penalty, EOS handling, early stopping, and the search itself
+against exhaustive search, greedy search and the full forward pass of a tiny model."""
+
+import functools
+import itertools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import decode
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.model import Transformer, TransformerConfig
+
+A, B = 3, 4  # the two real tokens of the hand-made distributions (vocabulary of 5)
+
+
+# ----------------------------------------------------------------------------- length penalty
+
+
+def test_length_penalty_is_the_gnmt_formula():
+  for length in (1, 2, 7, 50):
+    for alpha in (0.0, 0.6, 1.0, 2.0):
+      assert decode.length_penalty(length, alpha) == pytest.approx(((5 + length) / 6) ** alpha)
+  assert decode.length_penalty(1, 0.6) == pytest.approx(1.0)  # lp(1) = 1 for any α
+  assert decode.length_penalty(9, 0.0) == 1.0  # α = 0: plain log-probability
+  assert decode.length_penalty(4, 0.6) == pytest.approx(1.5**0.6)
+  lengths = jnp.arange(1, 10)  # arrays too, and lp grows with length for α > 0
+  assert jnp.all(jnp.diff(decode.length_penalty(lengths, 0.6)) > 0)
+
+
+# ----------------------------------------------------------------------------- hand-made models
+
+
+class TableModel:
+  """Next-token distributions looked up by prefix, one table per sentence, as a step_fn.
+
+  tables[i] maps a prefix (tuple of generated tokens) to {token: probability}; prefixes not listed
+  use default[i]. The cache holds each row's prefix (so the search must gather it with the right
+  parent beams for the lookups to stay right), its sentence, and a scalar leaf shared by all rows.
+  `poison_from`: steps at that position or later return log P(EOS) = +100, an impossible value
+  that would win if such a step were ever taken.
+  """
+
+  vocab = 5
+
+  def __init__(self, tables, default, max_len, poison_from=None):
+    self.max_len = max_len
+    self.poison_from = poison_from
+    base = self.vocab + 1  # prefix code: sum_j (token_j + 1) * base^j, unique for every length
+    log_probs = np.full((len(tables), base**max_len, self.vocab), -np.inf, np.float32)
+    for s, (table, fallback) in enumerate(zip(tables, default)):
+      log_probs[s] = self._dense(fallback)
+      for prefix, dist in table.items():
+        log_probs[s, self._code(prefix)] = self._dense(dist)
+    self.table = jnp.asarray(log_probs)
+    self.tables, self.default = tables, default
+
+  def _dense(self, dist):
+    assert sum(dist.values()) == pytest.approx(1.0)
+    out = np.full(self.vocab, -np.inf, np.float32)
+    for token, p in dist.items():
+      out[token] = math.log(p)
+    return out
+
+  def _code(self, prefix):
+    return sum((t + 1) * (self.vocab + 1) ** j for j, t in enumerate(prefix))
+
+  def log_prob(self, sentence, tokens):
+    """log P(Y) of a returned row (stops after EOS) from the tables, in float64."""
+    total, prefix = 0.0, ()
+    for t in tokens:
+      dist = self.tables[sentence].get(prefix, self.default[sentence])
+      total += math.log(dist[t]) if t in dist else -math.inf
+      if t == EOS_ID:
+        break
+      prefix += (t,)
+    return total, len(prefix) + (1 if EOS_ID in tokens else 0)
+
+  def first(self):
+    batch = self.table.shape[0]
+    cache = {
+        "prefix": jnp.zeros((batch, self.max_len), jnp.int32),
+        "sentence": jnp.arange(batch),
+        "steps": jnp.array(0, jnp.int32),
+    }
+    return self.table[:, 0], cache
+
+  def step_fn(self, tokens, cache, position):
+    prefix = cache["prefix"].at[:, position - 1].set(tokens)  # [rows, n]
+    weights = jnp.where(
+        jnp.arange(self.max_len) < position, (self.vocab + 1) ** jnp.arange(self.max_len), 0
+    )
+    code = jnp.sum((prefix + 1) * weights, axis=-1)  # [rows]
+    log_probs = self.table[cache["sentence"], code]  # [rows, v]
+    if self.poison_from is not None:
+      log_probs = jnp.where(position >= self.poison_from, log_probs.at[:, EOS_ID].set(100.0), log_probs)
+    return log_probs, {"prefix": prefix, "sentence": cache["sentence"], "steps": cache["steps"] + 1}
+
+  def search(self, beam_size, alpha, max_decode_len=None):
+    first, cache = self.first()
+    n = max_decode_len or self.max_len
+    tokens, scores = jax.jit(
+        lambda f, c: decode.beam_search_with_step_fn(self.step_fn, f, c, n, beam_size, alpha)
+    )(first, cache)
+    return np.asarray(tokens), np.asarray(scores)
+
+
+def assert_scores_are_recomputed(model, tokens, scores, alpha):
+  """Every returned hypothesis: score == log P(Y) / lp(|Y|), and nothing after its first EOS."""
+  for s in range(tokens.shape[0]):
+    for row, score in zip(tokens[s], scores[s]):
+      if score == -np.inf:
+        assert np.all(row == PAD_ID)
+        continue
+      eos = np.flatnonzero(row == EOS_ID)
+      if eos.size:
+        assert np.all(row[eos[0] + 1 :] == PAD_ID), row  # a finished hypothesis is never extended
+      log_p, length = model.log_prob(s, row.tolist())
+      assert score == pytest.approx(log_p / decode.length_penalty(length, alpha), rel=1e-5)
+
+
+# A short hypothesis "A EOS" with the higher probability and a long one "B B B EOS" with a lower
+# probability but, per token, a better one: α decides which wins.
+FLIP = {
+    (): {A: 0.55, B: 0.45},
+    (A,): {EOS_ID: 0.6, A: 0.2, B: 0.2},
+    (B,): {B: 0.99, EOS_ID: 0.01},
+    (B, B): {B: 0.99, EOS_ID: 0.01},
+    (B, B, B): {EOS_ID: 0.6, A: 0.2, B: 0.2},
+}
+UNIFORMISH = {EOS_ID: 0.2, A: 0.4, B: 0.4}
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_length_penalty_decides_between_short_and_long(alpha):
+  model = TableModel([FLIP], [UNIFORMISH], max_len=4)
+  tokens, scores = model.search(beam_size=2, alpha=alpha)
+  short = math.log(0.55 * 0.6) / decode.length_penalty(2, alpha)
+  long = math.log(0.45 * 0.99 * 0.99 * 0.6) / decode.length_penalty(4, alpha)
+  # By hand: α = 0: -1.109 vs -1.330; α = 0.6: -1.011 vs -1.043; α = 1: -0.950 vs -0.886.
+  expected = [[A, EOS_ID, PAD_ID, PAD_ID], [B, B, B, EOS_ID]]
+  if alpha == 1.0:
+    assert long > short
+    expected.reverse()
+  else:
+    assert short > long
+  np.testing.assert_array_equal(tokens[0], expected)
+  np.testing.assert_allclose(scores[0], sorted([short, long], reverse=True), rtol=1e-5)
+  assert_scores_are_recomputed(model, tokens, scores, alpha)
+
+
+def test_finished_hypotheses_are_never_extended():
+  # EOS is the most likely first token. Were "EOS" extended, "EOS A EOS" (p = .7 * .9 * .6) would
+  # be the runner-up; it must be "A EOS" (p = .3 * .6).
+  model = TableModel(
+      [{(): {EOS_ID: 0.7, A: 0.3}, (EOS_ID,): {A: 0.9, EOS_ID: 0.1}}],
+      [{EOS_ID: 0.6, A: 0.4}],
+      max_len=3,
+  )
+  tokens, scores = model.search(beam_size=2, alpha=0.6)
+  np.testing.assert_array_equal(tokens[0, 0], [EOS_ID, PAD_ID, PAD_ID])
+  assert scores[0, 0] == pytest.approx(math.log(0.7))
+  np.testing.assert_array_equal(tokens[0, 1], [A, EOS_ID, PAD_ID])
+  assert scores[0, 1] == pytest.approx(math.log(0.3 * 0.6) / decode.length_penalty(2, 0.6))
+  assert_scores_are_recomputed(model, tokens, scores, 0.6)
+
+
+def test_unfinished_hypotheses_are_returned_only_when_nothing_finished():
+  # Sentence 0 finishes; sentence 1 gives EOS too little probability to ever enter its beam.
+  never_eos = {A: 0.7, B: 0.299, EOS_ID: 0.001}
+  model = TableModel([FLIP, {(): {A: 0.6, B: 0.399, EOS_ID: 0.001}}], [UNIFORMISH, never_eos], 4)
+  tokens, scores = model.search(beam_size=2, alpha=0.6)
+  alone = TableModel([FLIP], [UNIFORMISH], 4).search(beam_size=2, alpha=0.6)
+  np.testing.assert_array_equal(tokens[:1], alone[0])  # sentences do not affect each other
+  np.testing.assert_allclose(scores[:1], alone[1], rtol=1e-6)
+  assert not np.any(tokens[1] == EOS_ID)
+  np.testing.assert_array_equal(tokens[1], [[A, A, A, A], [B, A, A, A]])
+  # Alive hypotheses are scored as what they are: log P(prefix) / lp(n), no EOS.
+  assert scores[1, 0] == pytest.approx(math.log(0.6 * 0.7**3) / decode.length_penalty(4, 0.6))
+  assert_scores_are_recomputed(model, tokens, scores, 0.6)
+
+
+# After step 1 the beam (k = 2) holds two finished hypotheses, "EOS" and "A EOS"; the best alive
+# one has log P = log .01, and even at the longest length -4.6 / lp(6) = -3.2 < -1.56 = the worst
+# finished score, so the search must stop before step 2, which is poisoned.
+STOPS = {
+    (): {EOS_ID: 0.7, A: 0.2, B: 0.1},
+    (A,): {EOS_ID: 0.9, A: 0.05, B: 0.05},
+    (B,): {EOS_ID: 0.9, A: 0.05, B: 0.05},
+}
+# Same, but "A A" (log .12 / lp(6) = -1.47) can still beat "A EOS" (-2.30): the search goes on.
+GOES_ON = {
+    (): {EOS_ID: 0.7, A: 0.2, B: 0.1},
+    (A,): {EOS_ID: 0.4, A: 0.6},
+    (B,): {EOS_ID: 0.4, B: 0.6},
+}
+
+
+def test_search_stops_once_no_alive_hypothesis_can_win():
+  model = TableModel([STOPS], [UNIFORMISH], max_len=6, poison_from=2)
+  tokens, scores = model.search(beam_size=2, alpha=0.6)
+  np.testing.assert_array_equal(tokens[0, :, :3], [[EOS_ID, PAD_ID, PAD_ID], [A, EOS_ID, PAD_ID]])
+  np.testing.assert_allclose(
+      scores[0], [math.log(0.7), math.log(0.18) / decode.length_penalty(2, 0.6)], rtol=1e-5
+  )
+  # The poison check itself works: where the bound does not hold, step 2 runs and its +100 wins.
+  _, poisoned = TableModel([GOES_ON], [UNIFORMISH], max_len=6, poison_from=2).search(2, 0.6)
+  assert poisoned[0, 0] > 0
+
+
+def test_beam_search_of_table_model_is_exhaustive_with_a_wide_beam():
+  model = TableModel([GOES_ON, FLIP], [UNIFORMISH, {A: 0.5, B: 0.3, EOS_ID: 0.2}], max_len=4)
+  # At the last step the 8 prefixes over {A, B} have 24 possible extensions: a beam of 40 keeps
+  # them all, so every possible final (1 + 2 + 4 + 8 EOS endings) must be found, in order.
+  tokens, scores = model.search(beam_size=40, alpha=0.6)
+  for s in range(2):
+    finals = []
+    for length in range(1, 5):
+      for body in itertools.product([A, B], repeat=length - 1):
+        log_p, _ = model.log_prob(s, [*body, EOS_ID])
+        if log_p > -math.inf:
+          finals.append(log_p / decode.length_penalty(length, 0.6))
+    finals.sort(reverse=True)
+    found = scores[s][scores[s] > -np.inf]
+    np.testing.assert_allclose(found, finals, rtol=1e-5)
+  assert_scores_are_recomputed(model, tokens, scores, 0.6)
+
+
+def test_beam_size_one_differs_from_greedy_only_by_a_better_score():
+  # Greedy: "A EOS" (EOS is the argmax after A). A single beam keeps "A A" alive beside it, and
+  # with α = 1 "A A EOS" (log .235 / lp(3) = -1.086) beats "A EOS" (log .275 / lp(2) = -1.107).
+  tables = {(): {A: 0.55, B: 0.45}, (A,): {EOS_ID: 0.5, A: 0.45, B: 0.05}, (A, A): {EOS_ID: 0.95, A: 0.05}}
+  model = TableModel([tables], [UNIFORMISH], max_len=4)
+  tokens, scores = model.search(beam_size=1, alpha=0.0)
+  np.testing.assert_array_equal(tokens[0, 0], [A, EOS_ID, PAD_ID, PAD_ID])  # greedy's
+  tokens, scores = model.search(beam_size=1, alpha=1.0)
+  np.testing.assert_array_equal(tokens[0, 0], [A, A, EOS_ID, PAD_ID])
+  greedy_score = math.log(0.55 * 0.5) / decode.length_penalty(2, 1.0)
+  assert scores[0, 0] == pytest.approx(math.log(0.55 * 0.45 * 0.95) / decode.length_penalty(3, 1.0))
+  assert scores[0, 0] > greedy_score
+
+
+# ----------------------------------------------------------------------------- a tiny Transformer
+
+
+VOCAB = 6  # PAD, EOS, BOS and three real tokens
+CONFIG = TransformerConfig(
+    vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=1, d_ff=64, max_len=16,
+    share_embeddings=False, deterministic=True,
+)
+EXTRA = 3  # sources of 5 tokens -> at most 8 output tokens
+N = 8
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_model():
+  """A random tiny Transformer that, like a trained one, never emits PAD, and 6 sources.
+
+  A trained model gives PAD (never a target) ~zero probability; a random one does not, and a
+  hypothesis containing PAD is scored differently by the cache (which attends to it) and by the
+  full forward pass (which masks PAD keys). So: the last LayerNorm's bias is set to 1 and the
+  output projection's columns are centred, which makes logit_v = (normalised y)·W_v + bias_v
+  exactly; bias_PAD = -1000 and bias_EOS = -1 (so hypotheses have a mix of lengths).
+  """
+  rng = np.random.default_rng(0)
+  inputs = np.concatenate([rng.integers(3, VOCAB, (6, 4)), np.ones((6, 1), int)], 1)
+  inputs = jnp.asarray(inputs, jnp.int32)  # [6, 5], each ends with EOS
+  params = jax.jit(Transformer(CONFIG).init)(jax.random.PRNGKey(0), inputs, inputs)["params"]
+  params = nn.unbox(params)
+  bias = np.zeros(VOCAB, np.float32)
+  bias[PAD_ID], bias[EOS_ID] = -1000.0, -1.0
+  last = f"layer_{CONFIG.decoder_layers - 1}"
+  params["decoder"][last]["ffn_block"]["norm"]["bias"] = jnp.ones(CONFIG.d_model)
+  kernel = params["output_projection"]["kernel"]  # [e, v]
+  params["output_projection"]["kernel"] = (
+      kernel - kernel.mean(0, keepdims=True) + jnp.asarray(bias) / CONFIG.d_model
+  )
+  return params, inputs
+
+
+DECODER = decode.Decoder(CONFIG)
+PREDICT_GREEDY = decode.make_predict_fn(CONFIG, EXTRA)
+PREDICT_BEAM = decode.make_predict_fn(CONFIG, EXTRA, beam_size=4, alpha=0.6)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "beam_size", "alpha"))
+def run_beam_search(params, inputs, n, beam_size, alpha):
+  return decode.beam_search(DECODER, params, inputs, n, beam_size, alpha)
+
+
+@jax.jit
+def _token_log_probs(params, inputs, decoder_inputs, targets):
+  logits = Transformer(CONFIG).apply({"params": params}, inputs, decoder_inputs)  # [r, N, v]
+  return jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+
+
+def full_forward_scores(params, inputs, tokens, alpha):
+  """log P(Y) / lp(|Y|) of rows `tokens` [b, m, n] (n <= N) by a teacher-forced full forward pass.
+
+  |Y| runs to the first EOS (included), or is n when there is none. Rows are padded to one shape
+  [256, N] so that this compiles once (padding after position n does not change earlier logits).
+  """
+  batch, m, n = tokens.shape
+  rows = batch * m
+  assert rows <= 256 and n <= N
+  targets = np.full((256, N), PAD_ID, np.int32)
+  targets[:rows, :n] = tokens.reshape(rows, n)
+  decoder_inputs = np.concatenate([np.full((256, 1), BOS_ID), targets[:, :-1]], axis=1)
+  sources = np.zeros((256, inputs.shape[1]), np.int32)
+  sources[:rows] = np.repeat(np.asarray(inputs), m, axis=0)
+  token_lp = np.asarray(_token_log_probs(params, sources, decoder_inputs, targets))[:rows, :n]
+  flat = targets[:rows, :n]
+  is_eos = flat == EOS_ID
+  length = np.where(is_eos.any(1), is_eos.argmax(1) + 1, n)  # [b*m]
+  log_p = np.sum(np.where(np.arange(n) < length[:, None], token_lp, 0.0), axis=1)
+  return (log_p / decode.length_penalty(length, alpha)).reshape(batch, m)
+
+
+def test_beam_search_equals_exhaustive_search():
+  # Every sequence of up to n = 4 tokens over {BOS, 3, 4, 5} ending in EOS: 1 + 4 + 16 + 64 = 85,
+  # scored by the full forward pass. A beam of 320 holds, at the last step, all 64 × 5 PAD-free
+  # extensions of the 64 PAD-free length-3 prefixes, so every EOS ending is ranked in the beam
+  # and the search is exhaustive: its finished set must be exactly the 85, in order.
+  params, inputs = tiny_model()
+  inputs, n, alpha = inputs[:2], 4, 0.6
+  tokens, scores = map(np.asarray, run_beam_search(params, inputs, n, 320, alpha))
+  finals = [
+      [*body, EOS_ID] + [PAD_ID] * (n - 1 - len(body))
+      for length in range(1, n + 1)
+      for body in itertools.product([BOS_ID, 3, 4, 5], repeat=length - 1)
+  ]
+  exhaustive = full_forward_scores(
+      params, inputs, np.broadcast_to(np.array(finals), (2, len(finals), n)), alpha
+  )  # [2, 85]
+  for s in range(2):
+    order = np.argsort(-exhaustive[s], kind="stable")
+    np.testing.assert_allclose(scores[s, :85], exhaustive[s, order], atol=1e-5)
+    assert {tuple(r) for r in tokens[s, :85]} == {tuple(r) for r in finals}
+    assert np.all(scores[s, 85:] < -500)  # what is left contains PAD (log P ≈ -1000)
+    np.testing.assert_array_equal(tokens[s, 0], finals[order[0]])  # the optimum
+
+
+def test_scores_equal_the_full_forward_pass_and_sentences_are_independent():
+  params, inputs = tiny_model()
+  tokens, scores = map(np.asarray, run_beam_search(params, inputs, N, 4, 0.6))
+  assert tokens.shape == (inputs.shape[0], 4, N) and scores.shape == (inputs.shape[0], 4)
+  assert np.all(scores[:, :-1] >= scores[:, 1:])  # best first
+  finite = scores > -np.inf
+  recomputed = full_forward_scores(params, inputs, tokens, 0.6)
+  np.testing.assert_allclose(scores[finite], recomputed[finite], atol=1e-5)
+  # Both kinds occur here: sentences with finished hypotheses and one that only has alive ones.
+  has_eos = (tokens[:, 0] == EOS_ID).any(1)
+  assert has_eos.any() and not has_eos.all()
+  # Each sentence is searched on its own: reversing the batch reverses the results (a wrong
+  # gather of the cache or of the hypotheses would mix sentences).
+  reversed_tokens, reversed_scores = run_beam_search(params, inputs[::-1], N, 4, 0.6)
+  np.testing.assert_array_equal(tokens, np.asarray(reversed_tokens)[::-1])
+  np.testing.assert_allclose(scores, np.asarray(reversed_scores)[::-1], atol=1e-6)
+
+
+def test_beam_size_one_is_greedy():
+  # Exact for α = 0; for α > 0 see test_beam_size_one_differs_from_greedy_only_by_a_better_score.
+  params, inputs = tiny_model()
+  greedy = np.asarray(PREDICT_GREEDY(params, inputs))  # greedy_search, n = 5 + EXTRA = N
+  tokens, _ = run_beam_search(params, inputs, N, 1, 0.0)
+  np.testing.assert_array_equal(np.asarray(tokens)[:, 0], greedy)
+  assert (greedy == EOS_ID).any(1).any() and not (greedy == EOS_ID).any(1).all()
+
+
+def test_make_predict_fn_dispatches_on_beam_size():
+  params, inputs = tiny_model()
+  out = np.asarray(PREDICT_BEAM(params, inputs))
+  np.testing.assert_array_equal(out, run_beam_search(params, inputs, N, 4, 0.6)[0][:, 0])
+  assert out.shape == (inputs.shape[0], N)
+  for row in out:  # same format as greedy: tokens, EOS, then PAD
+    eos = np.flatnonzero(row == EOS_ID)
+    if eos.size:
+      assert np.all(row[eos[0] + 1 :] == PAD_ID)
+  PREDICT_BEAM(params, inputs)
+  assert PREDICT_BEAM._cache_size() == 1  # one compilation per input shape
+  with pytest.raises(ValueError, match="beam_size"):
+    decode.make_predict_fn(CONFIG, EXTRA, beam_size=0)

@@ -1,0 +1,78 @@
+"""Label-smoothed cross entropy (§5.4) and token accuracy against hand computations."""
+
+import numpy as np
+import pytest
+
+from transformer_jax.losses import label_smoothed_cross_entropy, token_accuracy
+
+V = 5  # vocabulary
+
+
+def example(seed=0):
+  rng = np.random.default_rng(seed)
+  logits = rng.standard_normal((2, 3, V)).astype(np.float32)
+  targets = np.array([[1, 4, 0], [2, 2, 3]])
+  weights = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], np.float32)  # [0, 2] is padding
+  return logits, targets, weights
+
+
+def hand_loss(logits, targets, weights, eps):
+  """Σ over tokens of weight · (−Σ_v q_v log p_v − H(q)), q = 1−ε on the target, ε/(V−1) elsewhere."""
+  total = nll_total = 0.0
+  for b in range(logits.shape[0]):
+    for t in range(logits.shape[1]):
+      z = logits[b, t].astype(np.float64)
+      log_p = z - np.log(np.sum(np.exp(z)))
+      q = np.full(V, eps / (V - 1))
+      q[targets[b, t]] = 1.0 - eps
+      entropy = -sum(qv * np.log(qv) for qv in q if qv > 0)
+      total += weights[b, t] * (-np.sum(q * log_p) - entropy)
+      nll_total += weights[b, t] * -log_p[targets[b, t]]
+  return total, nll_total
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.3])
+def test_label_smoothed_cross_entropy_matches_hand_computation(eps):
+  logits, targets, weights = example()
+  loss, nll, weight = label_smoothed_cross_entropy(logits, targets, weights, eps)
+  expected_loss, expected_nll = hand_loss(logits, targets, weights, eps)
+  np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+  np.testing.assert_allclose(nll, expected_nll, rtol=1e-5)
+  assert weight == 5.0
+
+
+def test_zero_smoothing_is_plain_nll():
+  logits, targets, weights = example(1)
+  loss, nll, _ = label_smoothed_cross_entropy(logits, targets, weights, 0.0)
+  _, expected_nll = hand_loss(logits, targets, weights, 0.0)
+  np.testing.assert_allclose(loss, expected_nll, rtol=1e-5)
+  np.testing.assert_allclose(nll, expected_nll, rtol=1e-5)
+
+
+def test_padding_is_ignored():
+  logits, targets, weights = example(2)
+  changed = logits.copy()
+  changed[0, 2] = 1e3 * np.arange(V)  # the padding position: any logits, any target
+  before = label_smoothed_cross_entropy(logits, targets, weights, 0.1)
+  after = label_smoothed_cross_entropy(changed, targets, weights, 0.1)
+  np.testing.assert_allclose(after, before, rtol=1e-6)
+
+
+def test_smoothed_target_prediction_has_zero_loss():
+  """Subtracting H(q) puts the minimum at 0: predicting q exactly costs nothing."""
+  eps = 0.1
+  targets = np.array([[3]])
+  q = np.full(V, eps / (V - 1))
+  q[3] = 1.0 - eps
+  loss, _, _ = label_smoothed_cross_entropy(np.log(q)[None, None].astype(np.float32), targets,
+                                            np.ones((1, 1), np.float32), eps)
+  np.testing.assert_allclose(loss, 0.0, atol=1e-6)
+
+
+def test_token_accuracy_counts_non_pad_hits():
+  logits = np.zeros((1, 4, V), np.float32)
+  for t, predicted in enumerate([1, 2, 3, 4]):
+    logits[0, t, predicted] = 1.0
+  targets = np.array([[1, 0, 3, 4]])  # hits at 0, 2, 3; position 3 is padding
+  weights = np.array([[1.0, 1.0, 1.0, 0.0]], np.float32)
+  assert token_accuracy(logits, targets, weights) == 2.0

@@ -1,0 +1,268 @@
+"""Transformer: shapes and parameter trees, causality, padding and packing invariance, embeddings.
+
+Parameters are random values on the tree `jax.eval_shape(model.init)` describes: nothing is compiled
+for initialisation, and every `apply` runs op by op, so the many small configs share compiled ops.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.model import Embed, Transformer, TransformerConfig
+
+CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64,
+                           max_len=32, deterministic=True)
+BATCH, SOURCE_LEN, TARGET_LEN = 2, 7, 6
+
+
+def random_tokens(shape, seed):
+  """Random non-special tokens, [b, L]; BOS first on decoder inputs is the caller's business."""
+  return np.random.default_rng(seed).integers(3, CONFIG.vocab_size, size=shape).astype(np.int32)
+
+
+def example(seed=0):
+  inputs = random_tokens((BATCH, SOURCE_LEN), seed)
+  inputs[1, 4:] = PAD_ID  # row 1 is a shorter sentence
+  decoder_inputs = random_tokens((BATCH, TARGET_LEN), seed + 1)
+  decoder_inputs[:, 0] = BOS_ID
+  return inputs, decoder_inputs
+
+
+def param_shapes(config):
+  inputs, decoder_inputs = example()
+  variables = jax.eval_shape(Transformer(config).init, jax.random.key(0), inputs, decoder_inputs)
+  return nn.unbox(variables["params"])
+
+
+def random_params(config, seed=0):
+  """Random parameters, LayerNorm scales near 1. Larger than the real init so every path matters."""
+  rng = np.random.default_rng(seed)
+
+  def fill(path, shape):
+    value = 0.2 * rng.standard_normal(shape.shape)
+    if path[-1].key == "scale":
+      value += 1.0
+    return jnp.asarray(value, shape.dtype)
+
+  return jax.tree_util.tree_map_with_path(fill, param_shapes(config))
+
+
+def logits_of(config, params, inputs, decoder_inputs, **kwargs):
+  return Transformer(config).apply({"params": params}, inputs, decoder_inputs, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def post_params():
+  return random_params(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def pre_params():
+  return random_params(CONFIG.replace(norm_position="pre"))
+
+
+# ----------------------------------------------------------------------------- shapes and trees
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+@pytest.mark.parametrize("share_embeddings", [True, False])
+def test_logits_shape_dtype_and_param_tree(norm_position, share_embeddings):
+  config = CONFIG.replace(norm_position=norm_position, share_embeddings=share_embeddings)
+  params = random_params(config)
+  if share_embeddings:
+    assert {"shared_embedding", "encoder", "decoder"} == set(params)
+  else:
+    assert {"source_embedding", "target_embedding", "output_projection", "encoder",
+            "decoder"} == set(params)
+    assert params["output_projection"]["kernel"].shape == (32, 40)  # [e, v]
+  # Pre-LN normalises the output of each stack; post-LN already ends every layer with a norm.
+  for stack in ("encoder", "decoder"):
+    assert ("final_norm" in params[stack]) == (norm_position == "pre")
+  logits = logits_of(config, params, *example())
+  assert logits.shape == (BATCH, TARGET_LEN, 40) and logits.dtype == jnp.float32
+  assert np.all(np.isfinite(logits))
+
+
+def test_num_decoder_layers():
+  config = CONFIG.replace(num_layers=2, num_decoder_layers=3)
+  assert config.decoder_layers == 3 and CONFIG.decoder_layers == 2
+  shapes = param_shapes(config)
+  assert sorted(k for k in shapes["encoder"] if k.startswith("layer_")) == ["layer_0", "layer_1"]
+  assert sorted(k for k in shapes["decoder"] if k.startswith("layer_")) == [
+      "layer_0", "layer_1", "layer_2"]
+  # Encoder layers have no cross-attention; decoder layers do.
+  assert "cross_attention" not in shapes["encoder"]["layer_0"]
+  assert "cross_attention" in shapes["decoder"]["layer_2"]
+
+
+def test_learned_positions_add_a_parameter(post_params):
+  assert "positions" not in post_params["encoder"]  # sinusoidal: a constant table, no parameter
+  config = CONFIG.replace(positional="learned")
+  params = random_params(config)
+  for stack in ("encoder", "decoder"):
+    assert params[stack]["positions"]["position_embedding"].shape == (32, 32)  # [max_len, e]
+  inputs, decoder_inputs = example()
+  logits = logits_of(config, params, inputs, decoder_inputs)
+  params["decoder"]["positions"]["position_embedding"] *= 0.0
+  assert not np.allclose(logits_of(config, params, inputs, decoder_inputs), logits, atol=1e-3)
+
+
+def test_parameter_count_of_tiny_model(post_params):
+  # Embedding 40·32; per encoder layer 4 attention matrices 32·32 + FFN 32·64+64+64·32+32 + 2 norms;
+  # per decoder layer one more attention block and norm.
+  attention, ffn, norm = 4 * 32 * 32, 32 * 64 + 64 + 64 * 32 + 32, 2 * 32
+  expected = 40 * 32 + 2 * (attention + ffn + 2 * norm) + 2 * (2 * attention + ffn + 3 * norm)
+  assert sum(p.size for p in jax.tree.leaves(post_params)) == expected
+
+
+# ----------------------------------------------------------------------------- invariants
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_causality(norm_position, post_params, pre_params):
+  """§3.2.3: changing decoder inputs after position t leaves the logits at positions <= t alone."""
+  config = CONFIG.replace(norm_position=norm_position)
+  params = post_params if norm_position == "post" else pre_params
+  inputs, decoder_inputs = example()
+  logits = logits_of(config, params, inputs, decoder_inputs)
+  for t in (0, 2, 4):
+    changed = decoder_inputs.copy()
+    changed[:, t + 1:] = random_tokens((BATCH, TARGET_LEN - t - 1), seed=10 + t)
+    changed[1, -1] = PAD_ID  # padding later on must not leak backwards either
+    new_logits = logits_of(config, params, inputs, changed)
+    np.testing.assert_allclose(new_logits[:, :t + 1], logits[:, :t + 1], atol=1e-6)
+    assert not np.allclose(new_logits[:, t + 1], logits[:, t + 1], atol=1e-3)
+
+
+def test_source_padding_invariance(post_params):
+  inputs, decoder_inputs = example()
+  logits = logits_of(CONFIG, post_params, inputs, decoder_inputs)
+  padded = np.pad(inputs, ((0, 0), (0, 3)), constant_values=PAD_ID)  # [b, s + 3]
+  np.testing.assert_allclose(logits_of(CONFIG, post_params, padded, decoder_inputs), logits,
+                             atol=1e-5)
+  # Padding is masked, not merely absent: a real token there does change the output.
+  padded[0, -1] = 5
+  assert not np.allclose(logits_of(CONFIG, post_params, padded, decoder_inputs)[0], logits[0],
+                         atol=1e-3)
+
+
+def test_packed_pairs_equal_pairs_run_alone(post_params):
+  """Two sentence pairs packed in one row (segment ids, positions restarting at 0) = each alone.
+
+  Row 0 packs pairs A and B; row 1 is pair C alone, which packing must not disturb either. The
+  lone runs pad each pair to the packed shapes (padding invariance is tested above), so every call
+  here has the same shapes as `example` and reuses its compiled ops.
+  """
+  pairs = {"a": ([11, 12, 13, EOS_ID], [BOS_ID, 21, 22]),
+           "b": ([14, 15, EOS_ID], [BOS_ID, 23, 24]),
+           "c": ([16, 17, 18, 19, EOS_ID], [BOS_ID, 25, 26, 27])}
+
+  def pack(rows, length):
+    """rows: list of lists of sentences -> tokens, segment ids, positions; each [len(rows), L]."""
+    tokens, segments, positions = (np.zeros((len(rows), length), np.int32) for _ in range(3))
+    for r, sentences in enumerate(rows):
+      start = 0
+      for segment, sentence in enumerate(sentences, start=1):
+        end = start + len(sentence)
+        tokens[r, start:end], segments[r, start:end] = sentence, segment
+        positions[r, start:end] = np.arange(len(sentence))
+        start = end
+    return tokens, segments, positions
+
+  source = [[pairs["a"][0], pairs["b"][0]], [pairs["c"][0]]]
+  target = [[pairs["a"][1], pairs["b"][1]], [pairs["c"][1]]]
+  inputs, inputs_segmentation, inputs_positions = pack(source, SOURCE_LEN)
+  decoder_inputs, targets_segmentation, targets_positions = pack(target, TARGET_LEN)
+  packed = logits_of(CONFIG, post_params, inputs, decoder_inputs,
+                     inputs_positions=inputs_positions, targets_positions=targets_positions,
+                     inputs_segmentation=inputs_segmentation,
+                     targets_segmentation=targets_segmentation)  # [2, t, v]
+
+  alone_inputs, _, _ = pack([[pairs["a"][0]], [pairs["b"][0]]], SOURCE_LEN)
+  alone_decoder_inputs, _, _ = pack([[pairs["a"][1]], [pairs["b"][1]]], TARGET_LEN)
+  alone = logits_of(CONFIG, post_params, alone_inputs, alone_decoder_inputs)  # [2, t, v]
+  np.testing.assert_allclose(packed[0, :3], alone[0, :3], atol=1e-5)  # pair A
+  np.testing.assert_allclose(packed[0, 3:6], alone[1, :3], atol=1e-5)  # pair B
+  unpacked = logits_of(CONFIG, post_params, inputs[1:2].repeat(2, 0),
+                       decoder_inputs[1:2].repeat(2, 0))
+  np.testing.assert_allclose(packed[1, :4], unpacked[0, :4], atol=1e-5)  # pair C
+  # Without the segment masks the pairs would see each other.
+  leaky = logits_of(CONFIG, post_params, inputs, decoder_inputs,
+                    inputs_positions=inputs_positions, targets_positions=targets_positions)
+  assert not np.allclose(leaky[0, 3:6], alone[1, :3], atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- embeddings
+
+
+def test_shared_embedding_is_the_pre_softmax_projection(post_params):
+  """§3.4: one matrix embeds source and target tokens and projects decoder outputs to logits."""
+  embeddings = [p for path, p in jax.tree_util.tree_leaves_with_path(post_params)
+                if "embedding" in jax.tree_util.keystr(path)]
+  assert len(embeddings) == 1 and embeddings[0].shape == (40, 32)  # [v, e]
+  inputs, decoder_inputs = example()
+  model = Transformer(CONFIG)
+
+  def decoder_output(module, inputs, decoder_inputs):
+    return module.decoder(module.encode(inputs), inputs, decoder_inputs)  # [b, t, e]
+
+  y = model.apply({"params": post_params}, inputs, decoder_inputs, method=decoder_output)
+  logits = logits_of(CONFIG, post_params, inputs, decoder_inputs)
+  embedding = np.asarray(post_params["shared_embedding"]["embedding"])
+  np.testing.assert_allclose(logits, np.asarray(y) @ embedding.T, atol=1e-5)
+
+
+def test_embedding_is_scaled_by_sqrt_d_model():
+  embedding = np.random.default_rng(0).standard_normal((40, 32)).astype(np.float32)
+  tokens = np.array([[3, 0, 39], [7, 7, 1]])
+  embedded = Embed(CONFIG).apply({"params": {"embedding": embedding}}, tokens)
+  np.testing.assert_allclose(embedded, embedding[tokens] * np.sqrt(32.0), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- precision, modes
+
+
+def test_bfloat16_compute_with_float32_params(post_params):
+  config = CONFIG.replace(dtype="bfloat16", param_dtype="float32")
+  assert config.dtype == jnp.bfloat16
+  shapes = param_shapes(config)
+  assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(shapes))
+  inputs, decoder_inputs = example()
+  logits = logits_of(config, post_params, inputs, decoder_inputs)
+  assert logits.dtype == jnp.float32 and np.all(np.isfinite(logits))
+  reference = logits_of(CONFIG, post_params, inputs, decoder_inputs)
+  # bf16 keeps ~3 significant digits; through 4 layers the logits (std ~1) move by a few 1e-2.
+  np.testing.assert_allclose(logits, reference, atol=0.15)
+  assert not np.array_equal(logits, reference)  # really computed in bf16
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(d_model=30), "d_model"),
+    (dict(positional="foo"), "positional"),
+    (dict(norm_position="mid"), "norm_position"),
+    (dict(dropout_rate=1.5), "dropout_rate"),
+    (dict(dtype="float64"), "dtype"),
+])
+def test_config_validation_names_the_field(change, field):
+  with pytest.raises(ValueError, match=field):
+    CONFIG.replace(**change)
+
+
+def test_dropout_active_only_when_not_deterministic(post_params):
+  inputs, decoder_inputs = example()
+  train = CONFIG.replace(deterministic=False, dropout_rate=0.1)
+
+  def run(config, seed):
+    return Transformer(config).apply({"params": post_params}, inputs, decoder_inputs,
+                                     rngs={"dropout": jax.random.key(seed)})
+
+  first, second = run(train, 1), run(train, 2)
+  assert not np.allclose(first, second, atol=1e-3)
+  np.testing.assert_array_equal(run(train, 1), first)  # same rng, same mask
+  evaluation = train.replace(deterministic=True)
+  np.testing.assert_array_equal(run(evaluation, 1), run(evaluation, 2))
+  np.testing.assert_allclose(run(evaluation, 1), logits_of(CONFIG, post_params, inputs,
+                                                           decoder_inputs), atol=1e-6)

@@ -1,0 +1,230 @@
+"""The training loop: learning, sharding invariance, gradient accumulation, exact resume, CLI."""
+
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import quickstart
+from transformer_jax import checkpoint
+from transformer_jax import config as config_lib
+from transformer_jax import train
+from transformer_jax.data import batching, pipeline
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**train_overrides):
+  config = quickstart.get_config("smoke")
+  config.model.d_model = 32
+  config.model.num_heads = 4
+  config.model.num_layers = 1
+  config.model.d_ff = 64
+  config.model.max_len = 32
+  config.data.max_len = 24
+  config.data.tokens_per_batch = 512
+  config.data.synthetic_train_size = 400
+  config.data.synthetic_eval_size = 16
+  config.eval.batch_size = 16
+  config.eval.num_sentences = 16
+  config.train.warmup_steps = 10
+  for key, value in train_overrides.items():
+    config.train[key] = value
+  return config
+
+
+def make_trainer(config, devices=None):
+  dataset = pipeline.load_dataset(config)
+  model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
+  return train.Trainer(config, model_config, devices=devices), dataset
+
+
+def fixed_batch(dataset, config, rows=16):
+  """One batch of `rows` sentences (a multiple of 8, so it splits over 8 devices)."""
+  it = batching.BatchIterator(
+      dataset.splits["train"].examples,
+      seed=0,
+      bucket_lengths=dataset.bucket_lengths(config.data),
+      batch_size=rows,
+  )
+  return next(it)
+
+
+def params_close(a, b, rtol=1e-5, atol=1e-6):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def test_tiny_model_overfits_one_batch():
+  config = tiny_config(lr_multiplier=2.0, warmup_steps=200)
+  config.model.dropout_rate = 0.0
+  config.model.label_smoothing = 0.0
+  trainer, dataset = make_trainer(config, devices=jax.devices()[:1])
+  batch = fixed_batch(dataset, config, rows=8)
+  state = trainer.init_state(0)
+  rng = jax.random.PRNGKey(0)
+  first = None
+  for _ in range(200):
+    state, metrics = trainer.train_step(state, batch, rng)
+    if first is None:
+      first = train.summarize(jax.device_get(metrics))["nll"]
+  last = train.summarize(jax.device_get(metrics))
+  assert first > 2.0
+  assert last["nll"] < 0.02, last
+  assert last["accuracy"] == 1.0
+
+
+def test_step_on_8_devices_equals_single_device():
+  # Dropout on: the masks must not depend on the sharding either. A large Adam ε makes the
+  # update proportional to the gradient (instead of ~lr·sign(g)), so comparing weights compares
+  # gradients and float32 reduction-order noise is not amplified into lr-sized differences.
+  config = tiny_config(adam_eps=1.0, lr_multiplier=100.0)
+  single, dataset = make_trainer(config, devices=jax.devices()[:1])
+  multi, _ = make_trainer(config)
+  assert multi.num_batch_shards == 8
+  batch = fixed_batch(dataset, config, rows=16)
+  rng = jax.random.PRNGKey(3)
+  s1, s8 = single.init_state(0), multi.init_state(0)
+  params_close(s1.params, s8.params, rtol=0, atol=0)
+  for _ in range(2):
+    s1, m1 = single.train_step(s1, batch, rng)
+    s8, m8 = multi.train_step(s8, batch, rng)
+    np.testing.assert_allclose(m1["loss_sum"], m8["loss_sum"], rtol=1e-5)
+    np.testing.assert_allclose(m1["grad_norm"], m8["grad_norm"], rtol=1e-5)
+  params_close(s1.params, s8.params)
+  # The 8-device state really is laid out over the mesh (the batch axis is split 8 ways).
+  assert len(s8.params["shared_embedding"]["embedding"].sharding.device_set) == 8
+
+
+def test_gradient_accumulation_equals_one_large_batch():
+  # No dropout: accumulation draws dropout per micro-batch. Large ε: see the test above.
+  config = tiny_config(adam_eps=1.0, lr_multiplier=100.0)
+  config.model.dropout_rate = 0.0
+  whole, dataset = make_trainer(config, devices=jax.devices()[:2])
+  config_accum = tiny_config(grad_accum_steps=4, adam_eps=1.0, lr_multiplier=100.0)
+  config_accum.model.dropout_rate = 0.0
+  accum, _ = make_trainer(config_accum, devices=jax.devices()[:2])
+  batch = fixed_batch(dataset, config, rows=16)
+  rng = jax.random.PRNGKey(0)
+  sa, sb = whole.init_state(0), accum.init_state(0)
+  for _ in range(2):
+    sa, ma = whole.train_step(sa, batch, rng)
+    sb, mb = accum.train_step(sb, batch, rng)
+    for key in ("loss_sum", "weight_sum", "correct_sum"):
+      np.testing.assert_allclose(ma[key], mb[key], rtol=1e-5)
+  params_close(sa.params, sb.params)
+
+
+def _final_params(workdir):
+  trainer, _ = make_trainer(tiny_config(), devices=jax.devices()[:1])
+  manager = checkpoint.make_manager(str(workdir), keep=5, save_every=1)
+  state, data_state = checkpoint.restore(manager, trainer.abstract_state())
+  manager.close()
+  return state, data_state
+
+
+def _train_losses(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+
+
+def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch):
+  config = tiny_config(num_steps=6, checkpoint_every=2, log_every=1)
+  run = functools.partial(train.run, config, devices=jax.devices()[:1])
+  run(str(tmp_path / "straight"))
+
+  original_step = train.Trainer.train_step
+  calls = {"n": 0}
+
+  def crash_at_step_5(self, state, batch, rng):
+    calls["n"] += 1
+    if calls["n"] == 5:  # after the checkpoint at step 4 completed
+      raise KeyboardInterrupt("simulated preemption")
+    return original_step(self, state, batch, rng)
+
+  monkeypatch.setattr(train.Trainer, "train_step", crash_at_step_5)
+  with pytest.raises(KeyboardInterrupt):
+    run(str(tmp_path / "resumed"))
+  monkeypatch.setattr(train.Trainer, "train_step", original_step)
+  results = run(str(tmp_path / "resumed"))  # resumes from step 4
+
+  assert results["step"] == 6
+  straight_state, straight_data = _final_params(tmp_path / "straight")
+  resumed_state, resumed_data = _final_params(tmp_path / "resumed")
+  assert straight_data == resumed_data  # the input pipeline is at the same position
+  params_close(straight_state.params, resumed_state.params, rtol=0, atol=0)
+  params_close(straight_state.opt_state, resumed_state.opt_state, rtol=0, atol=0)
+  # Steps 5 and 6 saw the same batches: identical losses.
+  straight, resumed = _train_losses(tmp_path / "straight"), _train_losses(tmp_path / "resumed")
+  assert straight[5] == resumed[5] and straight[6] == resumed[6]
+
+
+def test_resume_with_a_different_model_is_refused(tmp_path):
+  config = tiny_config(num_steps=1)
+  workdir = str(tmp_path)
+  train._check_workdir_config(workdir, config)  # what run() does first: writes config.json
+  config.train.num_steps = 10  # a longer schedule for the same model is fine
+  train._check_workdir_config(workdir, config)
+  config.model.d_model = 64
+  with pytest.raises(config_lib.ConfigError, match="d_model"):
+    train.run(config, workdir, devices=jax.devices()[:1])
+
+
+@pytest.mark.parametrize(
+    "key,value,expected",
+    [
+        ("model.d_model", 30, "divisible by num_heads"),
+        ("model.positional", "rotary", "positional"),
+        ("data.source", "web", "data.source"),
+        ("data.tokens_per_batch", 8, "data.tokens_per_batch"),
+        ("train.warmup_steps", 0, "train.warmup_steps"),
+        ("mesh.data", 0, "mesh.data"),
+    ],
+)
+def test_bad_config_values_fail_naming_the_key(key, value, expected):
+  config = tiny_config()
+  section, leaf = key.split(".")
+  config[section][leaf] = value
+  with pytest.raises(config_lib.ConfigError, match=expected):
+    config_lib.validate(config)
+
+
+def _train_py(workdir, *overrides):
+  return subprocess.run(
+      [sys.executable, "train.py", "--config", "configs/quickstart.py:smoke", "--workdir", workdir]
+      + list(overrides),
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+
+
+def test_unknown_config_key_fails_before_any_work(tmp_path):
+  proc = _train_py(str(tmp_path / "w"), "--config.model.num_layerz=2")
+  assert proc.returncode != 0
+  assert "num_layerz" in proc.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_quickstart_smoke_run_through_train_py(tmp_path):
+  workdir = tmp_path / "qs"
+  proc = _train_py(str(workdir), "--config.model.num_layers=1")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads((workdir / "results.json").read_text())
+  assert results["step"] == 4
+  assert 0.0 <= results["test_bleu"] <= 100.0
+  assert np.isfinite(results["eval_loss"])
+  assert (workdir / "checkpoints" / "4").is_dir()
+  assert json.loads((workdir / "config.json").read_text())["model"]["num_layers"] == 1
+  kinds = [json.loads(line)["kind"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert kinds.count("train") == 2 and kinds[-1] == "final"
+  translations = (workdir / "test_translations.txt").read_text().splitlines()
+  assert len(translations) == results["test_sentences"]

@@ -1,0 +1,35 @@
+"""Trains a Transformer: `python train.py --config configs/quickstart.py --workdir /tmp/qs`.
+
+Any config leaf can be overridden: `--config.model.num_layers=2`. The workdir is the whole run:
+config.json, vocabulary, checkpoints (resumed automatically), metrics.jsonl and results.json.
+Multi-host: set `--distributed` (TPU VMs detect the rest; GPU clusters also pass
+`--coordinator_address`, `--num_processes` and `--process_id`).
+"""
+
+import logging
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/quickstart.py", "Experiment config file.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.getLogger().setLevel(logging.INFO)
+  # Orbax logs every file it writes at INFO; keep the run's own log readable.
+  logging.getLogger("absl").addFilter(
+      lambda record: record.levelno >= logging.WARNING or "orbax" not in record.pathname
+  )
+  from transformer_jax import train  # after flag parsing: keeps --help fast
+
+  train.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

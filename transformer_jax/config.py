@@ -1,0 +1,169 @@
+"""The experiment config schema (ml_collections) and its validation.
+
+Config files in `configs/` start from `default_config()` and change what their experiment needs,
+so every run has every key and a command-line override of a key that does not exist fails at
+once (`lock_config=True`). `validate` checks values before any data is read or compiled.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from transformer_jax.model import TransformerConfig
+
+SOURCES = ("synthetic", "text", "tfds")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # The model, named as in the paper; defaults are the base model (Table 3).
+  c.model = ml_collections.ConfigDict()
+  c.model.d_model = 512
+  c.model.num_heads = 8
+  c.model.num_layers = 6
+  c.model.num_decoder_layers = 0  # 0 = same as num_layers
+  c.model.d_ff = 2048
+  c.model.dropout_rate = 0.1
+  c.model.attention_dropout_rate = 0.0
+  c.model.label_smoothing = 0.1
+  c.model.max_len = 256
+  c.model.share_embeddings = True
+  c.model.positional = "sinusoidal"
+  c.model.norm_position = "post"
+  c.model.dtype = "float32"
+  c.model.param_dtype = "float32"
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "synthetic"  # synthetic | text | tfds
+  c.data.path = ""  # text: directory with {split}.{lang} files
+  c.data.tfds_name = "wmt14_translate/de-en"
+  c.data.tfds_data_dir = ""
+  c.data.source_lang = "en"
+  c.data.target_lang = "de"
+  c.data.train_split = "train"
+  c.data.eval_split = "valid"
+  c.data.test_split = "test"
+  c.data.vocab_size = 37000  # SentencePiece vocabulary (§5.1: shared ~37k for EN-DE)
+  c.data.max_len = 128  # tokens per side, EOS/BOS included; longer pairs are truncated
+  c.data.tokens_per_batch = 4096  # per update, summed over devices (§5.1: ~25k per side)
+  c.data.bucket_step = 8  # bucket lengths are multiples of this (few jit shapes)
+  c.data.num_buckets = 8  # padded lengths (jit shapes); more buckets = less padding
+  c.data.spm_max_sentences = 1_000_000  # SentencePiece trains on a random sample this big
+  c.data.synthetic_seed = 0
+  c.data.synthetic_train_size = 50_000
+  c.data.synthetic_eval_size = 500
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_steps = 100_000  # base model: 100k steps (§5.2)
+  c.train.warmup_steps = 4000  # §5.3
+  c.train.lr_multiplier = 1.0
+  c.train.adam_b1 = 0.9
+  c.train.adam_b2 = 0.98
+  c.train.adam_eps = 1e-9
+  c.train.grad_clip_norm = 0.0  # 0 = off, as in the paper
+  c.train.grad_accum_steps = 1
+  c.train.log_every = 100
+  c.train.checkpoint_every = 1000
+  c.train.keep_checkpoints = 5
+  c.train.eval_every = 0  # 0 = evaluate only at the end
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.batch_size = 64  # sentences per evaluation batch, summed over devices
+  c.eval.num_sentences = 500  # bounded validation subset for BLEU during training
+  c.eval.max_decode_extra = 50  # §6.1: maximum output length = input length + 50
+
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  c.sharding_rules = "data_parallel"
+  return c
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+  m = config.model
+  return TransformerConfig(
+      vocab_size=vocab_size,
+      d_model=m.d_model,
+      num_heads=m.num_heads,
+      num_layers=m.num_layers,
+      num_decoder_layers=m.num_decoder_layers or None,
+      d_ff=m.d_ff,
+      dropout_rate=m.dropout_rate,
+      attention_dropout_rate=m.attention_dropout_rate,
+      label_smoothing=m.label_smoothing,
+      max_len=m.max_len,
+      share_embeddings=m.share_embeddings,
+      positional=m.positional,
+      norm_position=m.norm_position,
+      dtype=m.dtype,
+      param_dtype=m.param_dtype,
+  )
+
+
+class ConfigError(ValueError):
+  """A config value is wrong; the message names the key."""
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Fails fast, naming the key, on values no run could use. Called before any compute."""
+
+  def check(ok: bool, key: str, message: str):
+    if not ok:
+      raise ConfigError(f"config.{key}={config_value(config, key)!r}: {message}")
+
+  try:
+    model_config(config, vocab_size=64)  # the model's own checks, with a placeholder vocab
+  except ValueError as e:
+    raise ConfigError(f"config.model: {e}") from e
+  d, t, e = config.data, config.train, config.eval
+  check(d.source in SOURCES, "data.source", f"expected one of {SOURCES}")
+  if d.source == "text":
+    check(bool(d.path), "data.path", "the text source needs a directory of parallel files")
+    check(os.path.isdir(d.path), "data.path", "is not a directory")
+  check(d.max_len >= 2, "data.max_len", "must be >= 2 (a token plus EOS)")
+  check(
+      d.max_len <= config.model.max_len,
+      "data.max_len",
+      f"exceeds model.max_len={config.model.max_len}, the positional table's length",
+  )
+  check(d.bucket_step >= 1, "data.bucket_step", "must be >= 1")
+  check(d.num_buckets >= 1, "data.num_buckets", "must be >= 1")
+  check(d.spm_max_sentences >= 1, "data.spm_max_sentences", "must be >= 1")
+  if d.source == "tfds":
+    check(bool(d.tfds_name), "data.tfds_name", "the tfds source needs a dataset name")
+  check(
+      d.tokens_per_batch >= d.max_len,
+      "data.tokens_per_batch",
+      f"must hold at least one sequence of data.max_len={d.max_len} tokens",
+  )
+  check(d.vocab_size >= 8, "data.vocab_size", "must be >= 8")
+  check(t.num_steps >= 1, "train.num_steps", "must be >= 1")
+  check(t.warmup_steps >= 1, "train.warmup_steps", "must be >= 1")
+  check(t.lr_multiplier > 0, "train.lr_multiplier", "must be > 0")
+  check(0 <= t.adam_b1 < 1, "train.adam_b1", "must be in [0, 1)")
+  check(0 <= t.adam_b2 < 1, "train.adam_b2", "must be in [0, 1)")
+  check(t.adam_eps > 0, "train.adam_eps", "must be > 0")
+  check(t.grad_clip_norm >= 0, "train.grad_clip_norm", "must be >= 0 (0 = off)")
+  check(t.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
+  check(t.log_every >= 1, "train.log_every", "must be >= 1")
+  check(t.checkpoint_every >= 1, "train.checkpoint_every", "must be >= 1")
+  check(t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+  check(t.eval_every >= 0, "train.eval_every", "must be >= 0 (0 = only at the end)")
+  check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
+  check(e.num_sentences >= 1, "eval.num_sentences", "must be >= 1")
+  check(e.max_decode_extra >= 1, "eval.max_decode_extra", "must be >= 1")
+  for axis in config.mesh:
+    check(
+        config.mesh[axis] == -1 or config.mesh[axis] >= 1,
+        f"mesh.{axis}",
+        "must be a positive size or -1 (fill with the remaining devices)",
+    )
+
+
+def config_value(config: ml_collections.ConfigDict, dotted: str):
+  value = config
+  for part in dotted.split("."):
+    value = value[part]
+  return value

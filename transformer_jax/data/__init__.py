@@ -1,0 +1,20 @@
+"""Input pipeline: tokenizers, the synthetic task, and batching."""
+
+from transformer_jax.data.batching import (
+    BatchIterator,
+    eval_batches,
+    make_bucket_lengths,
+    padding_efficiency,
+)
+from transformer_jax.data.synthetic import SyntheticTask
+from transformer_jax.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    SentencePieceTokenizer,
+    Tokenizer,
+    WordTokenizer,
+    load_tokenizer,
+    train_sentencepiece,
+)

@@ -1,0 +1,297 @@
+"""Tokenized sentence pairs -> fixed-shape numpy batches, deterministic and resumable.
+
+Every batch is a dict of int32 arrays; B rows, L positions, PAD_ID after the sentence:
+
+    inputs          [B, L]  source ids + [EOS]
+    decoder_inputs  [B, L]  [BOS] + target ids      (targets shifted right, §3.1)
+    targets         [B, L]  target ids + [EOS]
+
+Pairs are grouped by length into a few buckets (L = the bucket's length, for
+source and target alike) so that jit compiles one program per bucket rather
+than one per batch, while short sentences are not padded to the longest one.
+The number of rows follows from a token budget, like the paper's batches of
+~25k source and ~25k target tokens (§5.1): rows * L <= tokens_per_batch.
+
+Training resumes exactly: an epoch's batches are a pure function of
+(seed, epoch), so the state to save is just (epoch, batch index).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+Example = tuple[Sequence[int], Sequence[int]]  # (source ids, target ids), no EOS.
+Batch = dict[str, np.ndarray]
+
+
+def make_bucket_lengths(max_len: int, num_buckets: int = 8, multiple: int = 8) -> tuple[int, ...]:
+  """About `num_buckets` evenly spaced lengths, multiples of `multiple`, ending at max_len.
+
+  E.g. max_len=64 -> (8, 16, ..., 64); max_len=256 -> (32, 64, ..., 256).
+  Multiples of 8 keep matrix shapes friendly to TPU/GPU tiles.
+  """
+  if max_len < 2:
+    raise ValueError(f"max_len={max_len} must be >= 2: one token plus EOS/BOS.")
+  if num_buckets < 1 or multiple < 1:
+    raise ValueError(f"num_buckets={num_buckets} and multiple={multiple} must be >= 1.")
+  lengths = set()
+  for i in range(1, num_buckets + 1):
+    length = -(-(max_len * i // num_buckets) // multiple) * multiple  # Round up.
+    lengths.add(min(max(length, multiple), max_len))
+  return tuple(sorted(lengths))
+
+
+class _Packed:
+  """One side of the corpus as a flat int32 array plus per-example start and length.
+
+  Flat storage lets a batch be gathered with one fancy-indexing call instead
+  of a Python loop over rows.
+  """
+
+  def __init__(self, seqs: Sequence[Sequence[int]], side: str):
+    self.lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+    total = int(self.lengths.sum())
+    # Iterating a numpy array yields slow numpy scalars; .tolist() first is ~5x faster.
+    tokens = itertools.chain.from_iterable(
+        s.tolist() if isinstance(s, np.ndarray) else s for s in seqs)
+    # One trailing PAD so clipped indices of empty sequences stay in range.
+    self.flat = np.fromiter(itertools.chain(tokens, [PAD_ID]), dtype=np.int64, count=total + 1)
+    bad = (self.flat[:-1] < 0) | np.isin(self.flat[:-1], (PAD_ID, EOS_ID, BOS_ID))
+    if bad.any():
+      example = int(np.searchsorted(self.starts, np.argmax(bad), side="right") - 1)
+      raise ValueError(
+          f"{side} ids of example {example} contain {int(self.flat[np.argmax(bad)])}: "
+          f"ids must be >= 0 and not PAD/EOS/BOS ({PAD_ID}/{EOS_ID}/{BOS_ID}), "
+          "which batching adds itself; tokenize with encode(), which appends none.")
+    self.flat = self.flat.astype(np.int32)
+
+  def rows(self, index: np.ndarray, length: int, lengths: np.ndarray, bos: bool,
+           eos: bool) -> np.ndarray:
+    """[len(index), length] ids of examples `index` (-1: an all-PAD row).
+
+    `lengths` are the (possibly truncated) lengths, which leave room for BOS/EOS.
+    """
+    valid = index >= 0
+    lens = np.where(valid, lengths[index], 0)                              # [R]
+    pos = np.arange(length)[None, :] - int(bos)                            # [1, L]
+    in_sentence = (pos >= 0) & (pos < lens[:, None])                       # [R, L]
+    flat_index = np.clip(self.starts[index][:, None] + pos, 0, len(self.flat) - 1)
+    out = np.where(in_sentence, self.flat[flat_index], PAD_ID).astype(np.int32)  # [R, L]
+    if bos:
+      out[:, 0] = BOS_ID
+    if eos:
+      out[np.arange(len(index)), lens + int(bos)] = EOS_ID
+    out[~valid] = PAD_ID
+    return out
+
+
+class _Corpus:
+  """Examples packed once, truncated to max_len and assigned to buckets."""
+
+  def __init__(self, examples: Sequence[Example], bucket_lengths: Sequence[int]):
+    if len(examples) == 0:
+      raise ValueError("examples is empty: nothing to batch. Check the data path and split.")
+    bucket_lengths = tuple(int(b) for b in bucket_lengths)
+    if not bucket_lengths or bucket_lengths[0] < 2 or any(
+        a >= b for a, b in zip(bucket_lengths, bucket_lengths[1:])):
+      raise ValueError(f"bucket_lengths={bucket_lengths} must be strictly increasing and "
+                       ">= 2 (one token plus EOS/BOS); see make_bucket_lengths(max_len).")
+    self.bucket_lengths = bucket_lengths
+    self.src = _Packed([s for s, _ in examples], "source")
+    self.tgt = _Packed([t for _, t in examples], "target")
+    # The longest bucket is max_len; keep one slot for EOS (and BOS, on the target side).
+    cap = bucket_lengths[-1] - 1
+    self.src_lengths = np.minimum(self.src.lengths, cap)                  # [N]
+    self.tgt_lengths = np.minimum(self.tgt.lengths, cap)                  # [N]
+    self.num_truncated = int(((self.src.lengths > cap) | (self.tgt.lengths > cap)).sum())
+    # Smallest bucket that holds both sides; one bucket for both keeps shapes few.
+    needed = np.maximum(self.src_lengths, self.tgt_lengths) + 1           # [N]
+    self.bucket = np.searchsorted(bucket_lengths, needed, side="left")    # [N]
+
+  def __len__(self) -> int:
+    return len(self.src_lengths)
+
+  def batch(self, index: np.ndarray, length: int) -> Batch:
+    return {
+        "inputs": self.src.rows(index, length, self.src_lengths, bos=False, eos=True),
+        "decoder_inputs": self.tgt.rows(index, length, self.tgt_lengths, bos=True, eos=False),
+        "targets": self.tgt.rows(index, length, self.tgt_lengths, bos=False, eos=True),
+    }
+
+
+class BatchIterator:
+  """Infinite, shuffled, bucketed training batches; `get_state`/`set_state` resume exactly.
+
+  Each epoch: permute the examples with np.random.default_rng([seed, epoch]),
+  split each bucket's examples (in that order) into batches, then shuffle the
+  order of the batches. Every process builds the same global batch and keeps
+  rows [i*B/P, (i+1)*B/P) of it, so no communication is needed.
+
+  Args:
+    examples: (source ids, target ids) pairs, without EOS/BOS.
+    seed: the shuffling seed.
+    bucket_lengths: increasing padded lengths; the last one is max_len, and
+      longer pairs are truncated (counted in `num_truncated`).
+    tokens_per_batch: token budget per global batch (source side; the target
+      side has the same shape): rows = tokens_per_batch // L, rounded down to a
+      multiple of batch_multiple. Give this or `batch_size`.
+    batch_size: a fixed number of global rows for every bucket instead.
+    shuffle: False keeps the corpus order (bucket by bucket): for debugging.
+    batch_multiple: rows are a multiple of this (the number of data-parallel
+      devices, so every device gets an equal share).
+    process_index, process_count: this host's slice of each global batch.
+    drop_remainder: drop each bucket's last, partial batch, so that every
+      step sees a full token budget; the next epoch's shuffle changes which
+      examples are dropped. False pads it with all-PAD rows instead.
+  """
+
+  def __init__(self, examples: Sequence[Example], *, seed: int, bucket_lengths: Sequence[int],
+               tokens_per_batch: int | None = None, batch_size: int | None = None,
+               shuffle: bool = True, batch_multiple: int = 1, process_index: int = 0,
+               process_count: int = 1, drop_remainder: bool = True):
+    if batch_multiple < 1:
+      raise ValueError(f"batch_multiple={batch_multiple} must be >= 1.")
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index={process_index} must be in [0, process_count="
+                       f"{process_count}).")
+    if batch_multiple % process_count:
+      raise ValueError(
+          f"batch_multiple={batch_multiple} must be a multiple of process_count="
+          f"{process_count} so every process gets the same number of rows; pass the "
+          "global device count (jax.device_count()).")
+    self._corpus = _Corpus(examples, bucket_lengths)
+    self._rows = self._rows_per_bucket(tokens_per_batch, batch_size, batch_multiple)
+    self._seed = seed
+    self._shuffle = shuffle
+    self._drop_remainder = drop_remainder
+    self._process_index = process_index
+    self._process_count = process_count
+    self.num_truncated = self._corpus.num_truncated
+    self.batches_per_epoch = len(self._plan(0))
+    if self.batches_per_epoch == 0:
+      raise ValueError(
+          f"No full batch in {len(self._corpus)} examples: every bucket holds fewer "
+          f"examples than its batch rows {self.rows_per_bucket}. Lower tokens_per_batch/"
+          "batch_size or pass drop_remainder=False.")
+    self._epoch = 0
+    self._batch = 0
+    self._epoch_plan = self._plan(0)
+
+  def _rows_per_bucket(self, tokens_per_batch, batch_size, batch_multiple) -> list[int]:
+    lengths = self._corpus.bucket_lengths
+    if (tokens_per_batch is None) == (batch_size is None):
+      raise ValueError(f"Give exactly one of tokens_per_batch={tokens_per_batch} and "
+                       f"batch_size={batch_size}.")
+    if batch_size is not None:
+      if batch_size < 1 or batch_size % batch_multiple:
+        raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
+                         f"batch_multiple={batch_multiple}.")
+      return [batch_size] * len(lengths)
+    if tokens_per_batch < batch_multiple * lengths[-1]:
+      raise ValueError(
+          f"tokens_per_batch={tokens_per_batch} is too small: the longest bucket "
+          f"(L={lengths[-1]}) needs batch_multiple*L = {batch_multiple * lengths[-1]} tokens "
+          "for one row per device. Raise tokens_per_batch or lower the max length.")
+    return [tokens_per_batch // length // batch_multiple * batch_multiple for length in lengths]
+
+  @property
+  def rows_per_bucket(self) -> dict[int, int]:
+    """Global batch rows for each bucket length: the (rows, L) shapes jit will see."""
+    return dict(zip(self._corpus.bucket_lengths, self._rows))
+
+  def _plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+    """The epoch's global batches as (bucket, example indices); pure in (seed, epoch)."""
+    rng = np.random.default_rng([self._seed, epoch])
+    n = len(self._corpus)
+    order = rng.permutation(n) if self._shuffle else np.arange(n)          # [N]
+    # A stable sort by bucket keeps the shuffled order within each bucket.
+    order = order[np.argsort(self._corpus.bucket[order], kind="stable")]
+    bounds = np.searchsorted(self._corpus.bucket[order], np.arange(len(self._rows) + 1))
+    plan = []
+    for b, rows in enumerate(self._rows):
+      members = order[bounds[b]:bounds[b + 1]]
+      for start in range(0, len(members), rows):
+        chunk = members[start:start + rows]
+        if len(chunk) < rows:
+          if self._drop_remainder:
+            break
+          chunk = np.concatenate([chunk, np.full(rows - len(chunk), -1, chunk.dtype)])
+        plan.append((b, chunk))
+    if self._shuffle:
+      # Without this, an epoch would run through the buckets short to long.
+      plan = [plan[i] for i in rng.permutation(len(plan))]
+    return plan
+
+  def __iter__(self) -> BatchIterator:
+    return self
+
+  def __next__(self) -> Batch:
+    if self._batch == len(self._epoch_plan):
+      self._epoch += 1
+      self._batch = 0
+      self._epoch_plan = self._plan(self._epoch)
+    bucket, index = self._epoch_plan[self._batch]
+    self._batch += 1
+    local_rows = len(index) // self._process_count
+    local = index[self._process_index * local_rows:(self._process_index + 1) * local_rows]
+    return self._corpus.batch(local, self._corpus.bucket_lengths[bucket])
+
+  def get_state(self) -> dict[str, int]:
+    """JSON-serialisable position: the next batch is batch `batch` of epoch `epoch`."""
+    return {"epoch": self._epoch, "batch": self._batch, "num_examples": len(self._corpus)}
+
+  def set_state(self, state: dict[str, int]) -> None:
+    # The example count is a cheap guard against resuming over different data,
+    # which would silently train on another sequence of batches.
+    if state["num_examples"] != len(self._corpus):
+      raise ValueError(
+          f"Saved data state is for {state['num_examples']} examples, this iterator has "
+          f"{len(self._corpus)}: the training data changed since the checkpoint. Restore "
+          "the same data or start a new workdir.")
+    if not 0 <= state["batch"] <= self.batches_per_epoch:
+      raise ValueError(f"Saved data state batch={state['batch']} is outside [0, "
+                       f"{self.batches_per_epoch}]: the batching settings changed since "
+                       "the checkpoint.")
+    self._epoch = int(state["epoch"])
+    self._batch = int(state["batch"])
+    self._epoch_plan = self._plan(self._epoch)
+
+
+def eval_batches(examples: Sequence[Example], batch_size: int,
+                 bucket_lengths: Sequence[int]) -> Iterator[Batch]:
+  """Every example exactly once, in fixed shapes, with "index" [B] to restore order.
+
+  Examples are grouped by bucket (in their original order within a bucket);
+  each bucket's last batch is filled with all-PAD rows whose index is -1, so
+  jit sees at most len(bucket_lengths) shapes. Put outputs back in order with
+  `out[batch["index"][i]] = prediction[i]` for rows with index >= 0.
+  """
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size} must be >= 1.")
+  corpus = _Corpus(examples, bucket_lengths)
+  if corpus.num_truncated:
+    logging.warning("eval_batches: %d of %d pairs are longer than max_len=%d and were "
+                    "truncated; raise the last bucket length to evaluate them whole.",
+                    corpus.num_truncated, len(corpus), corpus.bucket_lengths[-1])
+  for b, length in enumerate(corpus.bucket_lengths):
+    members = np.flatnonzero(corpus.bucket == b)
+    for start in range(0, len(members), batch_size):
+      index = members[start:start + batch_size]
+      index = np.concatenate([index, np.full(batch_size - len(index), -1, index.dtype)])
+      batch = corpus.batch(index, length)
+      batch["index"] = index.astype(np.int32)
+      yield batch
+
+
+def padding_efficiency(batch: Batch) -> float:
+  """Share of non-PAD tokens over inputs and targets: 1.0 means no wasted compute."""
+  inputs, targets = batch["inputs"], batch["targets"]
+  real = np.count_nonzero(inputs != PAD_ID) + np.count_nonzero(targets != PAD_ID)
+  return real / (inputs.size + targets.size)

@@ -1,0 +1,47 @@
+"""Label-smoothed cross entropy (§5.4) and token accuracy, as (sum, weight) pairs.
+
+Returning sums rather than means lets the caller normalise once over the whole global batch (or
+over all micro-batches of a gradient-accumulation step), so the result does not depend on how the
+batch was split.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def label_smoothed_cross_entropy(
+    logits: jax.Array,  # [b, t, v]
+    targets: jax.Array,  # [b, t] int
+    weights: jax.Array,  # [b, t] float, 0 at padding
+    label_smoothing: float,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Returns (smoothed_loss_sum, nll_sum, weight_sum).
+
+  The smoothed target puts 1 - ε on the true token and spreads ε uniformly over the other V - 1
+  tokens (tensor2tensor's form of §5.4's ε_ls = 0.1). The constant entropy of that distribution is
+  subtracted, so a perfect prediction of the smoothed target has loss 0 and the loss stays
+  comparable across ε. `nll_sum` is the plain negative log-likelihood, for perplexity.
+  """
+  vocab_size = logits.shape[-1]
+  logits = logits.astype(jnp.float32)
+  log_probs = jax.nn.log_softmax(logits, axis=-1)  # [b, t, v]
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
+  if label_smoothing > 0.0:
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (vocab_size - 1)
+    # Cross entropy against q = low everywhere + (confidence - low) on the target:
+    #   -Σ_v q_v log p_v = -low Σ_v log p_v - (confidence - low) log p_target.
+    smoothed = -low * jnp.sum(log_probs, axis=-1) + (confidence - low) * nll
+    # Entropy of q, its minimum over p: makes the optimum 0.
+    normalizer = -(confidence * jnp.log(confidence) + (vocab_size - 1) * low * jnp.log(low + 1e-20))
+    smoothed = smoothed - normalizer
+  else:
+    smoothed = nll
+  return jnp.sum(smoothed * weights), jnp.sum(nll * weights), jnp.sum(weights)
+
+
+def token_accuracy(logits: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
+  """Number of correctly predicted (non-pad) tokens; divide by the weight sum for accuracy."""
+  return jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)

@@ -1,0 +1,428 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), §3, in Flax linen.
+
+Shapes: b batch, s source length, t target length, e d_model, f d_ff, v vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import sharding
+from transformer_jax.attention import (
+    MultiHeadAttention,
+    causal_mask,
+    combine_masks,
+    default_kernel_init,
+    padding_mask,
+    segment_mask,
+)
+from transformer_jax.data.tokenizer import PAD_ID
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def as_dtype(dtype: Any) -> Any:
+  """Accepts a jnp dtype or its name ("bfloat16"), so configs can stay plain strings."""
+  if isinstance(dtype, str):
+    if dtype not in _DTYPES:
+      raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+  return dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyperparameters, named as in the paper. Defaults are the base model (Table 3, row 'base').
+
+  Modes are made with `.replace(...)`: `deterministic=True` for evaluation (no dropout) and
+  `decode=True` for step-by-step decoding with a KV cache.
+  """
+
+  vocab_size: int
+  d_model: int = 512
+  num_heads: int = 8  # h; d_k = d_v = d_model / h
+  num_layers: int = 6  # N, encoder layers
+  num_decoder_layers: int | None = None  # None = num_layers
+  d_ff: int = 2048
+  dropout_rate: float = 0.1  # P_drop, §5.4
+  attention_dropout_rate: float = 0.0  # not used by the paper
+  label_smoothing: float = 0.1  # ε_ls, §5.4 (used by the loss, kept here with the model's row)
+  max_len: int = 256  # longest sequence the positional table covers
+  share_embeddings: bool = True  # §3.4: one matrix for both embeddings and the pre-softmax layer
+  positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
+  norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in §3.1; "pre": pre-LN
+  layer_norm_epsilon: float = 1e-6
+  dtype: Any = jnp.float32  # compute dtype; bfloat16 for mixed precision
+  param_dtype: Any = jnp.float32
+  deterministic: bool = False
+  decode: bool = False
+
+  def __post_init__(self):
+    # Dataclass is frozen; normalise dtype names through object.__setattr__.
+    object.__setattr__(self, "dtype", as_dtype(self.dtype))
+    object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
+    checks = [
+        (self.vocab_size > 0, "vocab_size must be positive"),
+        (self.d_model > 0 and self.num_heads > 0, "d_model and num_heads must be positive"),
+        (
+            self.d_model % max(self.num_heads, 1) == 0,
+            f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}",
+        ),
+        (self.num_layers >= 1, f"num_layers={self.num_layers} must be >= 1"),
+        (
+            self.num_decoder_layers is None or self.num_decoder_layers >= 1,
+            f"num_decoder_layers={self.num_decoder_layers} must be >= 1 or None",
+        ),
+        (self.d_ff > 0, f"d_ff={self.d_ff} must be positive"),
+        (0.0 <= self.dropout_rate < 1.0, f"dropout_rate={self.dropout_rate} not in [0, 1)"),
+        (
+            0.0 <= self.attention_dropout_rate < 1.0,
+            f"attention_dropout_rate={self.attention_dropout_rate} not in [0, 1)",
+        ),
+        (0.0 <= self.label_smoothing < 1.0, f"label_smoothing={self.label_smoothing} not in [0,1)"),
+        (self.max_len > 0, f"max_len={self.max_len} must be positive"),
+        (
+            self.positional in ("sinusoidal", "learned"),
+            f"positional={self.positional!r}; expected 'sinusoidal' or 'learned'",
+        ),
+        (
+            self.norm_position in ("post", "pre"),
+            f"norm_position={self.norm_position!r}; expected 'post' or 'pre'",
+        ),
+        (
+            self.positional != "sinusoidal" or self.d_model % 2 == 0,
+            f"sinusoidal positions need an even d_model, got {self.d_model}",
+        ),
+    ]
+    for ok, message in checks:
+      if not ok:
+        raise ValueError(f"TransformerConfig: {message}")
+
+  @property
+  def decoder_layers(self) -> int:
+    return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+  def replace(self, **changes) -> TransformerConfig:
+    return dataclasses.replace(self, **changes)
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+  """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same). [max_len, e]."""
+  position = np.arange(max_len, dtype=np.float64)[:, None]  # [max_len, 1]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]  # [1, e/2]
+  angle = position / np.power(10000.0, two_i / d_model)  # [max_len, e/2]
+  table = np.zeros((max_len, d_model), dtype=np.float32)
+  table[:, 0::2] = np.sin(angle)  # even dimensions
+  table[:, 1::2] = np.cos(angle)  # odd dimensions
+  return table
+
+
+class AddPositions(nn.Module):
+  """Adds sinusoidal (§3.5) or learned (Table 3 row E) position embeddings."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array | None) -> jax.Array:
+    cfg = self.config
+    length = x.shape[1]
+    if cfg.positional == "sinusoidal":
+      table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
+    else:
+      table = self.param(
+          "position_embedding",
+          nn.with_logical_partitioning(
+              nn.initializers.normal(stddev=0.02), (None, sharding.EMBED)
+          ),
+          (cfg.max_len, cfg.d_model),
+          cfg.param_dtype,
+      )
+    if positions is None:
+      if length > cfg.max_len:
+        raise ValueError(f"sequence length {length} exceeds max_len={cfg.max_len}")
+      pos = table[None, :length]  # [1, L, e]
+    else:
+      pos = jnp.take(table, positions, axis=0)  # [b, L, e]
+    return x + pos.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 — §3.3, Eq. 2."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    h = nn.Dense(
+        cfg.d_ff,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=nn.with_logical_partitioning(default_kernel_init, (sharding.EMBED, sharding.MLP)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.MLP,)),
+        name="wi",
+    )(x)  # [b, L, f]
+    h = nn.relu(h)
+    h = nn.with_logical_constraint(h, (sharding.BATCH, sharding.LENGTH, sharding.MLP))
+    return nn.Dense(
+        cfg.d_model,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=nn.with_logical_partitioning(default_kernel_init, (sharding.MLP, sharding.EMBED)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)),
+        name="wo",
+    )(h)  # [b, L, e]
+
+
+def _layer_norm(cfg: TransformerConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(
+      epsilon=cfg.layer_norm_epsilon,
+      dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (sharding.EMBED,)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)),
+      name=name,
+  )
+
+
+class SubLayer(nn.Module):
+  """Residual + dropout + LayerNorm around one sub-layer.
+
+  post-LN (§3.1, §5.4): LayerNorm(x + Dropout(Sublayer(x))).
+  pre-LN:               x + Dropout(Sublayer(LayerNorm(x))).
+  """
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, sublayer) -> jax.Array:
+    cfg = self.config
+    norm = _layer_norm(cfg, "norm")
+    dropout = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)
+    if cfg.norm_position == "post":
+      return norm(x + dropout(sublayer(x)))
+    return x + dropout(sublayer(norm(x)))
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention then FFN (§3.1, encoder)."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    cfg = self.config
+    attention = MultiHeadAttention(cfg, kind="encoder", name="self_attention")
+    x = SubLayer(cfg, name="attention_block")(x, lambda y: attention(y, y, mask))
+    x = SubLayer(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"))
+    return nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention, then FFN (§3.1, decoder)."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(
+      self,
+      y: jax.Array,  # [b, t, e]
+      encoded: jax.Array | None,  # [b, s, e]; None while decoding from the cache
+      self_mask: jax.Array | None,
+      cross_mask: jax.Array | None,
+  ) -> jax.Array:
+    cfg = self.config
+    self_attention = MultiHeadAttention(cfg, kind="causal", name="self_attention")
+    cross_attention = MultiHeadAttention(cfg, kind="cross", name="cross_attention")
+    y = SubLayer(cfg, name="self_attention_block")(y, lambda z: self_attention(z, z, self_mask))
+    y = SubLayer(cfg, name="cross_attention_block")(
+        y, lambda z: cross_attention(z, encoded, cross_mask)
+    )
+    y = SubLayer(cfg, name="ffn_block")(y, FeedForward(cfg, name="ffn"))
+    return nn.with_logical_constraint(y, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
+
+
+class Embed(nn.Module):
+  """Token embedding scaled by √d_model (§3.4); `attend` is the (shared) pre-softmax layer."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    # N(0, d_model^-1/2): after the √d_model scaling the embeddings have unit variance, the same
+    # scale as the sinusoidal positions they are added to (tensor2tensor's choice).
+    self.embedding = self.param(
+        "embedding",
+        nn.with_logical_partitioning(
+            nn.initializers.normal(stddev=cfg.d_model**-0.5), (sharding.VOCAB, sharding.EMBED)
+        ),
+        (cfg.vocab_size, cfg.d_model),
+        cfg.param_dtype,
+    )
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    cfg = self.config
+    x = jnp.take(self.embedding, tokens, axis=0).astype(cfg.dtype)  # [b, L, e]
+    return x * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """x [b, t, e] -> logits [b, t, v] in float32 (accumulated in float32 even for bf16 x)."""
+    embedding = self.embedding.astype(self.config.dtype)
+    return jnp.einsum("bte,ve->btv", x, embedding, preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------- stacks
+
+
+class Encoder(nn.Module):
+  config: TransformerConfig
+  embed: Embed
+
+  @nn.compact
+  def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
+    cfg = self.config
+    valid = inputs != PAD_ID  # [b, s]
+    mask = combine_masks(
+        padding_mask(valid, valid),
+        None if inputs_segmentation is None else segment_mask(inputs_segmentation, inputs_segmentation),
+    )
+    x = self.embed(inputs)  # [b, s, e]
+    x = AddPositions(cfg, name="positions")(x, inputs_positions)
+    # §5.4: dropout on the sums of the embeddings and the positional encodings.
+    x = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(x)
+    for i in range(cfg.num_layers):
+      x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask)
+    if cfg.norm_position == "pre":
+      x = _layer_norm(cfg, "final_norm")(x)
+    return x  # [b, s, e]
+
+
+class Decoder(nn.Module):
+  config: TransformerConfig
+  embed: Embed
+
+  @nn.compact
+  def __call__(
+      self,
+      encoded,  # [b, s, e] or None (decoding from the cache after the first step)
+      inputs,  # [b, s] source tokens, for the encoder-decoder padding mask
+      decoder_inputs,  # [b, t]
+      targets_positions=None,
+      inputs_segmentation=None,
+      targets_segmentation=None,
+  ) -> jax.Array:
+    cfg = self.config
+    if cfg.decode:
+      self_mask = None  # the KV cache builds the causal mask from its write index
+    else:
+      self_mask = combine_masks(
+          causal_mask(decoder_inputs.shape[1]),  # §3.2.3: no attention to later positions
+          padding_mask(None, decoder_inputs != PAD_ID),
+          None
+          if targets_segmentation is None
+          else segment_mask(targets_segmentation, targets_segmentation),
+      )
+    cross_mask = combine_masks(
+        padding_mask(None, inputs != PAD_ID),
+        None
+        if targets_segmentation is None
+        else segment_mask(targets_segmentation, inputs_segmentation),
+    )
+    y = self.embed(decoder_inputs)  # [b, t, e]
+    y = AddPositions(cfg, name="positions")(y, targets_positions)
+    y = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(y)
+    for i in range(cfg.decoder_layers):
+      y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask)
+    if cfg.norm_position == "pre":
+      y = _layer_norm(cfg, "final_norm")(y)
+    return y  # [b, t, e]
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer. `encode` and `decode` are usable on their own (for decoding).
+
+  Token id PAD_ID (0) is padding everywhere. Packed batches pass `*_segmentation` (sentence ids,
+  0 = padding) and `*_positions` (restarting at 0 for each sentence).
+  """
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    if cfg.share_embeddings:
+      # §3.4: the same weight matrix for both embedding layers and the pre-softmax projection.
+      self.shared_embedding = Embed(cfg)
+      source_embed = target_embed = self.shared_embedding
+    else:
+      self.source_embedding = Embed(cfg)
+      self.target_embedding = Embed(cfg)
+      source_embed, target_embed = self.source_embedding, self.target_embedding
+      self.output_projection = nn.DenseGeneral(
+          cfg.vocab_size,
+          use_bias=False,
+          dtype=cfg.dtype,
+          param_dtype=cfg.param_dtype,
+          kernel_init=nn.with_logical_partitioning(
+              default_kernel_init, (sharding.EMBED, sharding.VOCAB)
+          ),
+      )
+    self.encoder = Encoder(cfg, embed=source_embed)
+    self.decoder = Decoder(cfg, embed=target_embed)
+
+  def encode(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
+    """inputs [b, s] -> encoded [b, s, e]."""
+    return self.encoder(inputs, inputs_positions, inputs_segmentation)
+
+  def decode(
+      self,
+      encoded,
+      inputs,
+      decoder_inputs,
+      targets_positions=None,
+      inputs_segmentation=None,
+      targets_segmentation=None,
+  ) -> jax.Array:
+    """-> logits [b, t, v], float32. In decode mode t = 1 and `encoded` may be None (cached)."""
+    y = self.decoder(
+        encoded,
+        inputs,
+        decoder_inputs,
+        targets_positions,
+        inputs_segmentation,
+        targets_segmentation,
+    )
+    if self.config.share_embeddings:
+      return self.shared_embedding.attend(y)
+    return self.output_projection(y).astype(jnp.float32)
+
+  def __call__(
+      self,
+      inputs,
+      decoder_inputs,
+      inputs_positions=None,
+      targets_positions=None,
+      inputs_segmentation=None,
+      targets_segmentation=None,
+  ) -> jax.Array:
+    """inputs [b, s], decoder_inputs [b, t] (BOS + target, shifted right) -> logits [b, t, v]."""
+    encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
+    return self.decode(
+        encoded,
+        inputs,
+        decoder_inputs,
+        targets_positions,
+        inputs_segmentation,
+        targets_segmentation,
+    )

@@ -1,0 +1,509 @@
+"""Training: the state, pure step functions jitted once over a device mesh, and the loop.
+
+`run(config, workdir)` is the whole job: validate the config, read and tokenize the data, create
+the parameters already sharded, resume from the latest checkpoint in `workdir` if there is one,
+train with periodic logging/evaluation/checkpointing, and write the final evaluation to
+`workdir/results.json`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+
+from transformer_jax import checkpoint, sharding
+from transformer_jax import config as config_lib
+from transformer_jax import decode as decode_lib
+from transformer_jax import evaluate as evaluate_lib
+from transformer_jax import losses, optim
+from transformer_jax.data import batching, pipeline
+from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.model import Transformer, TransformerConfig
+
+# Keys of a batch the model reads; "targets" feeds the loss only, "index" is host-side only.
+MODEL_KEYS = (
+    "inputs",
+    "decoder_inputs",
+    "inputs_positions",
+    "targets_positions",
+    "inputs_segmentation",
+    "targets_segmentation",
+)
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # number of updates applied so far
+  params: Any
+  opt_state: Any
+
+
+# ----------------------------------------------------------------------------- pure steps
+
+
+def _model_kwargs(batch: dict) -> dict:
+  return {k: batch[k] for k in MODEL_KEYS if k in batch}
+
+
+def loss_and_metrics(params, batch, *, model: Transformer, label_smoothing: float, rngs=None):
+  """Summed label-smoothed loss over non-pad target tokens, plus metric sums."""
+  logits = model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs)  # [b, t, v]
+  weights = (batch["targets"] != PAD_ID).astype(jnp.float32)  # [b, t]
+  loss_sum, nll_sum, weight_sum = losses.label_smoothed_cross_entropy(
+      logits, batch["targets"], weights, label_smoothing
+  )
+  metrics = {
+      "loss_sum": loss_sum,
+      "nll_sum": nll_sum,
+      "correct_sum": losses.token_accuracy(logits, batch["targets"], weights),
+      "weight_sum": weight_sum,
+  }
+  return loss_sum, metrics
+
+
+def train_step(
+    state: TrainState,
+    batch: dict,
+    dropout_rng: jax.Array,
+    *,
+    model: Transformer,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    label_smoothing: float,
+    grad_accum_steps: int,
+) -> tuple[TrainState, dict]:
+  """One update. The gradient is of the loss summed over the batch's target tokens, divided by
+  their count: the mean over the whole global batch, however it is split into micro-batches."""
+  rng = jax.random.fold_in(dropout_rng, state.step)
+  grad_fn = jax.grad(
+      functools.partial(loss_and_metrics, model=model, label_smoothing=label_smoothing),
+      has_aux=True,
+  )
+
+  if grad_accum_steps == 1:
+    grads, metrics = grad_fn(state.params, batch, rngs={"dropout": rng})
+  else:
+    # Micro-batch k takes rows k, k + A, k + 2A, ... so each device's rows split evenly across
+    # micro-batches and no data moves between devices. [B, L] -> [A, B/A, L].
+    micro = jax.tree.map(
+        lambda x: x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:])
+        .swapaxes(0, 1),
+        batch,
+    )
+
+    def accumulate(carry, inputs):
+      grads_acc, metrics_acc = carry
+      index, micro_batch = inputs
+      grads, metrics = grad_fn(
+          state.params, micro_batch, rngs={"dropout": jax.random.fold_in(rng, index)}
+      )
+      return (
+          jax.tree.map(jnp.add, grads_acc, grads),
+          jax.tree.map(jnp.add, metrics_acc, metrics),
+      ), None
+
+    zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)  # noqa: E731
+    metric_shapes = jax.eval_shape(
+        lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro), rngs={"dropout": rng})[1]
+    )
+    init = (zeros(state.params), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
+    (grads, metrics), _ = jax.lax.scan(
+        accumulate, init, (jnp.arange(grad_accum_steps), micro)
+    )
+
+  denominator = jnp.maximum(metrics["weight_sum"], 1.0)
+  grads = jax.tree.map(lambda g: g / denominator, grads)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics["learning_rate"] = schedule(state.step)
+  metrics["grad_norm"] = optax.global_norm(grads)
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(params, batch, *, model: Transformer, label_smoothing: float) -> dict:
+  return loss_and_metrics(params, batch, model=model, label_smoothing=label_smoothing)[1]
+
+
+def summarize(metric_sums: dict) -> dict:
+  """Sums over tokens -> per-token loss, perplexity (of the unsmoothed NLL) and accuracy."""
+  weight = max(float(metric_sums["weight_sum"]), 1.0)
+  nll = float(metric_sums["nll_sum"]) / weight
+  return {
+      "loss": float(metric_sums["loss_sum"]) / weight,
+      "nll": nll,
+      "perplexity": math.exp(min(nll, 100.0)),
+      "accuracy": float(metric_sums["correct_sum"]) / weight,
+  }
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+class Trainer:
+  """Everything `run` builds from a config: mesh, model, optimizer and the jitted functions."""
+
+  def __init__(
+      self,
+      config: ml_collections.ConfigDict,
+      model_config: TransformerConfig,
+      devices: list[jax.Device] | None = None,
+  ):
+    self.config = config
+    self.model_config = model_config
+    self.mesh = sharding.make_mesh(config.mesh, devices)
+    self.rules = sharding.get_rules(config.sharding_rules)
+    self.batch_sharding = sharding.batch_sharding(self.mesh)
+    self.replicated = sharding.replicated(self.mesh)
+    self.schedule = optim.make_schedule(
+        model_config.d_model, config.train.warmup_steps, config.train.lr_multiplier
+    )
+    self.optimizer = optim.make_optimizer(
+        self.schedule,
+        b1=config.train.adam_b1,
+        b2=config.train.adam_b2,
+        eps=config.train.adam_eps,
+        grad_clip_norm=config.train.grad_clip_norm,
+    )
+    self.train_model = Transformer(model_config)
+    self.eval_model = Transformer(model_config.replace(deterministic=True))
+    self.state_shardings = sharding.logical_to_shardings(
+        jax.eval_shape(self._init_boxed, jax.random.PRNGKey(0)), self.mesh, self.rules
+    )
+    self._jit_init = jax.jit(
+        lambda rng: nn.unbox(self._init_boxed(rng)), out_shardings=self.state_shardings
+    )
+    step = functools.partial(
+        train_step,
+        model=self.train_model,
+        optimizer=self.optimizer,
+        schedule=self.schedule,
+        label_smoothing=model_config.label_smoothing,
+        grad_accum_steps=config.train.grad_accum_steps,
+    )
+    self._jit_train_step = jax.jit(
+        step,
+        in_shardings=(self.state_shardings, self.batch_sharding, self.replicated),
+        out_shardings=(self.state_shardings, self.replicated),
+        donate_argnums=(0,),
+    )
+    self._jit_eval_step = jax.jit(
+        functools.partial(
+            eval_step, model=self.eval_model, label_smoothing=model_config.label_smoothing
+        ),
+        in_shardings=(self.state_shardings.params, self.batch_sharding),
+        out_shardings=self.replicated,
+    )
+    self._predict = decode_lib.make_predict_fn(model_config, config.eval.max_decode_extra)
+
+  @property
+  def num_batch_shards(self) -> int:
+    """Devices the batch is split over (the data and fsdp mesh axes)."""
+    return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+  def _init_boxed(self, rng) -> TrainState:
+    dummy = jnp.zeros((1, 8), jnp.int32)
+    params = self.train_model.init({"params": rng, "dropout": rng}, dummy, dummy)["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
+    )
+
+  def _context(self):
+    return _Contexts(jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules))
+
+  def init_state(self, seed: int) -> TrainState:
+    with self._context():
+      return self._jit_init(jax.random.PRNGKey(seed))
+
+  def abstract_state(self) -> TrainState:
+    shapes = jax.eval_shape(lambda: nn.unbox(self._init_boxed(jax.random.PRNGKey(0))))
+    return checkpoint.abstract_like(shapes, self.state_shardings)
+
+  def to_global(self, local_batch: dict) -> dict:
+    """This process's rows -> one global array per key, split over the batch mesh axes."""
+    return {
+        k: jax.make_array_from_process_local_data(self.batch_sharding, v)
+        for k, v in local_batch.items()
+        if k != "index"
+    }
+
+  def train_step(self, state, batch, dropout_rng):
+    with self._context():
+      return self._jit_train_step(state, self.to_global(batch), dropout_rng)
+
+  def evaluate_loss(self, params, examples, bucket_lengths) -> dict:
+    sums = None
+    with self._context():
+      for batch in self._eval_batches(examples, bucket_lengths):
+        m = self._jit_eval_step(params, self.to_global(batch))
+        sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
+    return summarize(jax.device_get(sums))
+
+  def translate(self, params, examples, bucket_lengths, tokenizer) -> list[str]:
+    """Greedy translations of `examples`' sources, in the original order."""
+    out: list[str] = [""] * len(examples)
+    with self._context():
+      for batch in self._eval_batches(examples, bucket_lengths):
+        inputs = self.to_global({"inputs": batch["inputs"]})["inputs"]
+        tokens = _to_host(self._predict(params, inputs))
+        index = _gather_index(batch["index"])
+        for row, i in enumerate(index):
+          if i >= 0:
+            out[i] = tokenizer.decode(tokens[row].tolist())
+    return out
+
+  def _eval_batches(self, examples, bucket_lengths):
+    """Global eval batches (fixed shapes), this process's slice of each."""
+    global_rows = _round_up(self.config.eval.batch_size, self.num_batch_shards)
+    process_rows = global_rows // jax.process_count()
+    start = jax.process_index() * process_rows
+    for batch in batching.eval_batches(examples, global_rows, bucket_lengths):
+      yield {k: v[start : start + process_rows] for k, v in batch.items()}
+
+
+class _Contexts:
+  """Enters several context managers as one."""
+
+  def __init__(self, *managers):
+    self.managers = managers
+
+  def __enter__(self):
+    for m in self.managers:
+      m.__enter__()
+
+  def __exit__(self, *exc):
+    for m in reversed(self.managers):
+      m.__exit__(*exc)
+
+
+def _round_up(x: int, multiple: int) -> int:
+  return -(-x // multiple) * multiple
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+  if jax.process_count() == 1:
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _gather_index(local_index: np.ndarray) -> np.ndarray:
+  if jax.process_count() == 1:
+    return local_index
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.process_allgather(local_index, tiled=True))
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+class MetricLog:
+  """Process 0 writes one JSON line per record to `workdir/metrics.jsonl` and logs it."""
+
+  def __init__(self, workdir: str):
+    self.enabled = jax.process_index() == 0
+    self.path = os.path.join(workdir, "metrics.jsonl")
+
+  def write(self, step: int, kind: str, values: dict):
+    if not self.enabled:
+      return
+    record = {"step": int(step), "kind": kind, **values}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    shown = "  ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
+    )
+    logging.info("[%s] step %d  %s", kind, step, shown)
+
+
+def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
+  """A workdir belongs to one model: resuming it under a different model config is an error."""
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    current = json.loads(config.to_json_best_effort())
+    if saved.get("model") != current.get("model"):
+      diff = {
+          k: (saved.get("model", {}).get(k), v)
+          for k, v in current["model"].items()
+          if saved.get("model", {}).get(k) != v
+      }
+      raise config_lib.ConfigError(
+          f"{workdir} holds a run with a different model config (saved, now): {diff}. "
+          "Use a new --workdir, or the saved config."
+      )
+  if jax.process_index() == 0:
+    with open(path, "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def run(
+    config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None = None
+) -> dict:
+  """Trains (or resumes) the run in `workdir`; returns the final results (also results.json).
+
+  `devices` (default: all) are laid out as `config.mesh`.
+  """
+  config_lib.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  _check_workdir_config(workdir, config)
+  dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
+  tokenizer = dataset.tokenizer
+  model_config = config_lib.model_config(config, tokenizer.vocab_size)
+  trainer = Trainer(config, model_config, devices)
+  buckets = dataset.bucket_lengths(config.data)
+  train_iter = batching.BatchIterator(
+      dataset.splits["train"].examples,
+      seed=config.seed,
+      bucket_lengths=buckets,
+      tokens_per_batch=config.data.tokens_per_batch,
+      batch_multiple=math.lcm(
+          trainer.num_batch_shards * config.train.grad_accum_steps, jax.process_count()
+      ),
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+  )
+  logging.info(
+      "model: %s; %d train pairs (%d truncated); rows per bucket %s; mesh %s",
+      model_config,
+      len(dataset.splits["train"].examples),
+      train_iter.num_truncated,
+      train_iter.rows_per_bucket,
+      dict(trainer.mesh.shape),
+  )
+
+  manager = checkpoint.make_manager(
+      workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
+  )
+  if manager.latest_step() is not None:
+    state, data_state = checkpoint.restore(manager, trainer.abstract_state())
+    train_iter.set_state(data_state)
+    logging.info("resumed from step %d in %s", int(state.step), workdir)
+  else:
+    state = trainer.init_state(config.seed)
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  logging.info("parameters: %d", num_params)
+
+  log = MetricLog(workdir)
+  dropout_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+  start_step = int(state.step)
+  num_steps = config.train.num_steps
+  eval_split = dataset.splits["eval"]
+  bleu_subset = eval_split.examples[: config.eval.num_sentences]
+  bleu_refs = [t for _, t in eval_split.pairs[: config.eval.num_sentences]]
+
+  progress = tqdm.tqdm(
+      total=num_steps,
+      initial=start_step,
+      disable=jax.process_index() != 0 or not sys.stderr.isatty(),
+      dynamic_ncols=True,
+  )
+  pending: list[dict] = []
+  interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
+  padding = []
+  train_start = time.perf_counter()
+  for step in range(start_step + 1, num_steps + 1):
+    batch = next(train_iter)
+    padding.append(batching.padding_efficiency(batch))
+    state, metrics = trainer.train_step(state, batch, dropout_rng)
+    pending.append(metrics)
+    interval_steps += 1
+    progress.update(1)
+
+    if step % config.train.log_every == 0 or step == num_steps:
+      host = jax.device_get(pending)  # the only host<->device sync on training steps
+      sums = {k: sum(m[k] for m in host) for k in ("loss_sum", "nll_sum", "correct_sum", "weight_sum")}
+      interval_tokens = float(sums["weight_sum"])
+      elapsed = time.perf_counter() - interval_start
+      values = summarize(sums)
+      if not math.isfinite(values["loss"]):
+        raise FloatingPointError(
+            f"non-finite training loss {values['loss']} at step {step}; the last complete "
+            f"checkpoint is step {manager.latest_step()} in {workdir}"
+        )
+      values.update(
+          learning_rate=float(host[-1]["learning_rate"]),
+          grad_norm=float(host[-1]["grad_norm"]),
+          target_tokens_per_s=interval_tokens / elapsed,
+          steps_per_s=interval_steps / elapsed,
+          padding_efficiency=float(np.mean(padding)),
+      )
+      log.write(step, "train", values)
+      progress.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['learning_rate']:.2e}")
+      pending, padding, interval_steps = [], [], 0
+      interval_start = time.perf_counter()
+
+    if config.train.eval_every and step % config.train.eval_every == 0 and step != num_steps:
+      _periodic_eval(trainer, state.params, bleu_subset, bleu_refs, buckets, tokenizer, log, step)
+      interval_start = time.perf_counter()
+
+    if checkpoint.save(manager, step, state, train_iter.get_state(), force=step == num_steps):
+      interval_start = time.perf_counter()  # keep save time out of throughput figures
+  progress.close()
+  train_seconds = time.perf_counter() - train_start
+  manager.wait_until_finished()
+
+  results = final_evaluation(trainer, state.params, dataset, buckets, workdir)
+  results.update(
+      step=int(state.step),
+      num_params=int(num_params),
+      train_seconds_this_session=round(train_seconds, 1),
+  )
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+      json.dump(results, f, indent=2)
+  log.write(int(state.step), "final", {k: v for k, v in results.items() if isinstance(v, float)})
+  manager.close()
+  return results
+
+
+def _periodic_eval(trainer, params, examples, references, buckets, tokenizer, log, step):
+  values = trainer.evaluate_loss(params, examples, buckets)
+  hypotheses = trainer.translate(params, examples, buckets, tokenizer)
+  values["bleu"] = evaluate_lib.corpus_bleu(hypotheses, references).score
+  log.write(step, "eval", values)
+  for hyp, ref in list(zip(hypotheses, references))[:3]:
+    logging.info("  hyp: %s\n  ref: %s", hyp, ref)
+
+
+def final_evaluation(trainer: Trainer, params, dataset, buckets, workdir: str) -> dict:
+  """Loss/perplexity on the eval split, greedy translations and sacreBLEU on the test split."""
+  eval_split, test_split = dataset.splits["eval"], dataset.splits["test"]
+  eval_metrics = trainer.evaluate_loss(params, eval_split.examples, buckets)
+  hypotheses = trainer.translate(params, test_split.examples, buckets, dataset.tokenizer)
+  references = [t for _, t in test_split.pairs]
+  bleu = evaluate_lib.corpus_bleu(hypotheses, references)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "test_translations.txt"), "w") as f:
+      f.writelines(h + "\n" for h in hypotheses)
+  return {
+      "eval_loss": eval_metrics["loss"],
+      "eval_nll": eval_metrics["nll"],
+      "eval_perplexity": eval_metrics["perplexity"],
+      "eval_accuracy": eval_metrics["accuracy"],
+      "test_bleu": float(bleu.score),
+      "test_bleu_signature": str(bleu),
+      "test_sentences": len(references),
+      "decoding": "greedy",
+  }
+
