@@ -42,6 +42,7 @@ def get_config(arg: str | None = None):
     config.train.num_steps = 4
     config.train.log_every = 2
     config.train.checkpoint_every = 2
+    config.data.bucket_step = config.data.max_len  # one bucket: one compiled shape
     config.data.synthetic_train_size = 2000
     config.data.synthetic_eval_size = 32
     config.eval.num_sentences = 32

@@ -28,6 +28,7 @@ def tiny_config(**train_overrides):
   config.model.d_ff = 64
   config.model.max_len = 32
   config.data.max_len = 24
+  config.data.bucket_step = 24  # a single bucket: one compiled shape per step function
   config.data.tokens_per_batch = 512
   config.data.synthetic_train_size = 400
   config.data.synthetic_eval_size = 16
