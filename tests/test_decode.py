@@ -4,11 +4,11 @@ Shapes match tests/test_model.py (batch 2, source 7, target 6), so in one pytest
 forward passes reuse the ops compiled there.
 """
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.decode import Decoder, greedy_search
@@ -25,20 +25,6 @@ def source(seed):
   return inputs
 
 
-def random_params(config, seed=0):
-  """Random values (LayerNorm scales near 1) on the tree that eval_shape(init) describes."""
-  inputs = np.ones((BATCH, SOURCE_LEN), np.int32)
-  decoder_inputs = np.ones((BATCH, TARGET_LEN), np.int32)
-  shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), inputs, decoder_inputs)
-  rng = np.random.default_rng(seed)
-
-  def fill(path, shape):
-    value = 0.2 * rng.standard_normal(shape.shape)
-    if path[-1].key == "scale":
-      value += 1.0
-    return jnp.asarray(value, shape.dtype)
-
-  return jax.tree_util.tree_map_with_path(fill, nn.unbox(shapes["params"]))
 
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])

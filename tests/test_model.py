@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.model import Embed, Transformer, TransformerConfig
@@ -37,17 +38,6 @@ def param_shapes(config):
   return nn.unbox(variables["params"])
 
 
-def random_params(config, seed=0):
-  """Random parameters, LayerNorm scales near 1. Larger than the real init so every path matters."""
-  rng = np.random.default_rng(seed)
-
-  def fill(path, shape):
-    value = 0.2 * rng.standard_normal(shape.shape)
-    if path[-1].key == "scale":
-      value += 1.0
-    return jnp.asarray(value, shape.dtype)
-
-  return jax.tree_util.tree_map_with_path(fill, param_shapes(config))
 
 
 def logits_of(config, params, inputs, decoder_inputs, **kwargs):

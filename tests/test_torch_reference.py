@@ -6,11 +6,9 @@ residuals, where each LayerNorm sits, mask semantics and the head split. Shapes 
 tests/test_model.py (batch 2, source 7, target 6).
 """
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, PAD_ID
 from transformer_jax.model import Transformer, TransformerConfig, sinusoidal_positions
@@ -23,20 +21,6 @@ CONFIG = TransformerConfig(vocab_size=40, d_model=E, num_heads=H, num_layers=2, 
 BATCH, SOURCE_LEN, TARGET_LEN = 2, 7, 6
 
 
-def random_params(seed=0):
-  """Random values (LayerNorm scales near 1) on the tree that eval_shape(init) describes."""
-  inputs = np.ones((BATCH, SOURCE_LEN), np.int32)
-  decoder_inputs = np.ones((BATCH, TARGET_LEN), np.int32)
-  shapes = jax.eval_shape(Transformer(CONFIG).init, jax.random.key(0), inputs, decoder_inputs)
-  rng = np.random.default_rng(seed)
-
-  def fill(path, shape):
-    value = 0.2 * rng.standard_normal(shape.shape)
-    if path[-1].key == "scale":
-      value += 1.0
-    return jnp.asarray(value, shape.dtype)
-
-  return jax.tree_util.tree_map_with_path(fill, nn.unbox(shapes["params"]))
 
 
 def tensor(x):
@@ -101,7 +85,7 @@ def embed(params, tokens):
 
 
 def test_matches_torch_transformer():
-  params = random_params()
+  params = random_params(CONFIG)
   rng = np.random.default_rng(0)
   inputs = rng.integers(3, 40, size=(BATCH, SOURCE_LEN)).astype(np.int32)
   inputs[1, 4:] = PAD_ID
