@@ -41,6 +41,7 @@ def get_config(arg: str | None = None):
   config.eval.batch_size = 128
   config.eval.num_sentences = 200
   config.eval.max_decode_extra = 10
+  config.eval.beam_size = 1  # greedy: the synthetic task has one right answer
   if arg == "smoke":  # a few steps, for tests: `--config configs/quickstart.py:smoke`
     config.train.num_steps = 4
     config.train.log_every = 2

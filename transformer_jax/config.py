@@ -11,6 +11,7 @@ import os
 
 import ml_collections
 
+from transformer_jax import sharding
 from transformer_jax.model import TransformerConfig
 
 SOURCES = ("synthetic", "text", "tfds")
@@ -36,6 +37,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.norm_position = "post"
   c.model.dtype = "float32"
   c.model.param_dtype = "float32"
+  c.model.attention_impl = "auto"  # auto | xla | cudnn | einsum (auto: cuDNN fused on GPU bf16)
+  c.model.remat_policy = "none"  # none | full | dots | dots_no_batch: recompute layers in backward
+  c.model.scan_layers = False  # nn.scan over layers: compile time independent of depth
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "synthetic"  # synthetic | text | tfds
@@ -75,9 +79,22 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval.batch_size = 64  # sentences per evaluation batch, summed over devices
   c.eval.num_sentences = 500  # bounded validation subset for BLEU during training
   c.eval.max_decode_extra = 50  # §6.1: maximum output length = input length + 50
+  c.eval.beam_size = 4  # §6.1; 1 = greedy
+  c.eval.alpha = 0.6  # §6.1 length penalty ((5 + |Y|) / 6)^α
 
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
-  c.sharding_rules = "data_parallel"
+  c.sharding_rules = "data_parallel"  # data_parallel | fsdp | tensor_parallel (sharding.RULES)
+
+  # Multi-process runs (several hosts, or several GPUs with one process each): every process runs
+  # the same command; `jax.distributed.initialize` joins them before any other JAX call. Leave
+  # the three fields unset where JAX detects them (Cloud TPU VMs, SLURM, Open MPI, and
+  # JAX_COORDINATOR_ADDRESS in the environment); see transformer_jax/distributed.py.
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.enabled = False
+  c.distributed.coordinator_address = ""  # "host:port" of process 0; "" = auto-detect
+  c.distributed.num_processes = 0  # 0 = auto-detect
+  c.distributed.process_id = -1  # -1 = auto-detect
+  c.distributed.cpu_collectives = "gloo"  # CPU-only jobs: gloo | mpi (cross-process all-reduce)
   return c
 
 
@@ -99,6 +116,9 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
       norm_position=m.norm_position,
       dtype=m.dtype,
       param_dtype=m.param_dtype,
+      attention_impl=m.attention_impl,
+      remat_policy=m.remat_policy,
+      scan_layers=m.scan_layers,
   )
 
 
@@ -154,12 +174,39 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
   check(e.num_sentences >= 1, "eval.num_sentences", "must be >= 1")
   check(e.max_decode_extra >= 1, "eval.max_decode_extra", "must be >= 1")
+  check(e.beam_size >= 1, "eval.beam_size", "must be >= 1 (1 = greedy)")
+  check(e.alpha >= 0, "eval.alpha", "must be >= 0")
   for axis in config.mesh:
     check(
         config.mesh[axis] == -1 or config.mesh[axis] >= 1,
         f"mesh.{axis}",
         "must be a positive size or -1 (fill with the remaining devices)",
     )
+  check(
+      config.sharding_rules in sharding.RULES,
+      "sharding_rules",
+      f"expected one of {sorted(sharding.RULES)}",
+  )
+  dist = config.distributed
+  check(dist.num_processes >= 0, "distributed.num_processes", "must be >= 0 (0 = auto-detect)")
+  check(dist.process_id >= -1, "distributed.process_id", "must be >= 0, or -1 to auto-detect")
+  if dist.num_processes and dist.process_id >= 0:
+    check(
+        dist.process_id < dist.num_processes,
+        "distributed.process_id",
+        f"must be < distributed.num_processes={dist.num_processes}",
+    )
+  if dist.coordinator_address:
+    check(
+        ":" in dist.coordinator_address,
+        "distributed.coordinator_address",
+        "expected host:port (process 0's address and a free port)",
+    )
+  check(
+      dist.cpu_collectives in ("gloo", "mpi"),
+      "distributed.cpu_collectives",
+      "expected 'gloo' or 'mpi'",
+  )
 
 
 def config_value(config: ml_collections.ConfigDict, dotted: str):

@@ -7,7 +7,12 @@ step). Shapes: b batch, s source length, n max decode length, v vocabulary, k be
 Beam search (§6.1: beam 4, length penalty α = 0.6, maximum output length = input length + 50)
 keeps, per sentence, two sets of k hypotheses as tensor2tensor and the Flax WMT example do:
 "alive" (the k most probable unfinished ones, extended every step) and "finished" (the k best
-that ended with EOS, ranked by the length-penalised score and never extended again).
+that ended with EOS, ranked by the length-penalised score and never extended again). One rule is
+fairseq's rather than tensor2tensor's: an EOS extension joins the finished set only if it ranks
+among the k best extensions of its step (it would have taken a beam slot), not anywhere in the top
+2k. With k = 1 the search then makes greedy's choices, so beam 1 is greedy search exactly for
+α = 0; for α > 0 its single alive beam may still find a longer hypothesis that scores higher.
+The loop stops once no alive hypothesis can beat the worst finished one, in every sentence.
 `beam_search_with_step_fn` is the search over any `step_fn(tokens, cache, position)`, so it can be
 tested against hand-made distributions; `beam_search` binds it to the Transformer.
 """
@@ -70,6 +75,12 @@ class Decoder:
     )
     return jax.nn.log_softmax(logits[:, 0], axis=-1), variables["cache"]
 
+  def search_step(self, params, cache, encoded, inputs, tokens, position):
+    """`step` for a search: PAD and BOS are ruled out as outputs (-inf), since an emitted PAD
+    would be read as padding and BOS only ever starts a sentence."""
+    log_probs, cache = self.step(params, cache, encoded, inputs, tokens, position)
+    return log_probs.at[:, (PAD_ID, BOS_ID)].set(-jnp.inf), cache
+
 
 def max_decode_length(inputs: jax.Array, extra: int, max_len: int) -> int:
   """§6.1: maximum output length = input length + 50, within the positional table's range."""
@@ -87,7 +98,7 @@ def greedy_search(
   encoded = decoder.encode(params, inputs)
   cache = decoder.init_cache(inputs, max_decode_len)
   bos = jnp.full((batch,), BOS_ID, jnp.int32)
-  log_probs, cache = decoder.step(params, cache, encoded, inputs, bos, 0)
+  log_probs, cache = decoder.search_step(params, cache, encoded, inputs, bos, 0)
 
   def emit(log_probs, finished):
     token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [b]
@@ -102,7 +113,7 @@ def greedy_search(
 
   def body(carry):
     t, token, cache, finished, out = carry
-    log_probs, cache = decoder.step(params, cache, None, inputs, token, t)
+    log_probs, cache = decoder.search_step(params, cache, None, inputs, token, t)
     token, finished = emit(log_probs, finished)
     return t + 1, token, cache, finished, out.at[:, t].set(token)
 
@@ -145,7 +156,7 @@ def _tile_beams(tree: Any, beam_size: int) -> Any:
 
 
 def _gather_beams(tree: Any, parents: jax.Array) -> Any:
-  """Every leaf [b*k, ...] -> the rows of the parent beams; parents [b, k] index within a sentence."""
+  """Every leaf [b*k, ...] -> the rows of the parent beams (parents [b, k], within a sentence)."""
   batch, beam = parents.shape
 
   def gather(x):
@@ -200,7 +211,7 @@ def _search_done(state: BeamState, max_decode_len: int, alpha: float) -> jax.Arr
   (lp grows with length), lp(step + 1) for α < 0. While fewer than k hypotheses have finished the
   worst finished score is -inf and the sentence is not done.
   """
-  longest = max_decode_len if alpha >= 0 else state.step + 1
+  longest = jnp.where(alpha >= 0, max_decode_len, state.step + 1)  # alpha may be traced
   best_alive = state.alive_log_probs[:, 0] / length_penalty(longest, alpha)  # [b]
   return state.finished_scores[:, -1] >= best_alive
 
@@ -285,11 +296,11 @@ def beam_search(
   encoded = decoder.encode(params, inputs)  # [b, s, e]
   cache = decoder.init_cache(inputs, max_decode_len)
   bos = jnp.full((batch,), BOS_ID, jnp.int32)
-  first_log_probs, cache = decoder.step(params, cache, encoded, inputs, bos, 0)  # [b, v]
+  first_log_probs, cache = decoder.search_step(params, cache, encoded, inputs, bos, 0)  # [b, v]
   beam_inputs = jnp.repeat(inputs, beam_size, axis=0)  # [b*k, s], for the cross-attention mask
 
   def step_fn(tokens, cache, position):
-    return decoder.step(params, cache, None, beam_inputs, tokens, position)
+    return decoder.search_step(params, cache, None, beam_inputs, tokens, position)
 
   return beam_search_with_step_fn(
       step_fn, first_log_probs, cache, max_decode_len, beam_size, alpha

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 import tqdm
 
-from transformer_jax import checkpoint, sharding
+from transformer_jax import checkpoint, distributed, sharding
 from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
 from transformer_jax import evaluate as evaluate_lib
@@ -208,7 +208,9 @@ class Trainer:
         in_shardings=(self.state_shardings.params, self.batch_sharding),
         out_shardings=self.replicated,
     )
-    self._predict = decode_lib.make_predict_fn(model_config, config.eval.max_decode_extra)
+    self._predict = decode_lib.make_predict_fn(
+        model_config, config.eval.max_decode_extra, config.eval.beam_size, config.eval.alpha
+    )
 
   @property
   def num_batch_shards(self) -> int:
@@ -254,7 +256,7 @@ class Trainer:
     return summarize(jax.device_get(sums))
 
   def translate(self, params, examples, bucket_lengths, tokenizer) -> list[str]:
-    """Greedy translations of `examples`' sources, in the original order."""
+    """Translations of `examples`' sources (beam search, or greedy for beam 1), in order."""
     out: list[str] = [""] * len(examples)
     with self._context():
       for batch in self._eval_batches(examples, bucket_lengths):
@@ -332,6 +334,11 @@ class MetricLog:
     logging.info("[%s] step %d  %s", kind, step, shown)
 
 
+# Model keys that change how the model runs, not its parameters or its function: a run may
+# resume with other values (say, remat on a smaller accelerator).
+EXECUTION_ONLY_MODEL_KEYS = ("attention_impl", "remat_policy")
+
+
 def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
   """A workdir belongs to one model: resuming it under a different model config is an error."""
   path = os.path.join(workdir, "config.json")
@@ -339,12 +346,15 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
     with open(path) as f:
       saved = json.load(f)
     current = json.loads(config.to_json_best_effort())
-    if saved.get("model") != current.get("model"):
-      diff = {
-          k: (saved.get("model", {}).get(k), v)
-          for k, v in current["model"].items()
-          if saved.get("model", {}).get(k) != v
-      }
+    # Keys a config.json written before they existed lacks take their default values.
+    defaults = config_lib.default_config().model.to_dict()
+    saved_model = {**defaults, **saved.get("model", {})}
+    diff = {
+        k: (saved_model.get(k), v)
+        for k, v in current["model"].items()
+        if saved_model.get(k) != v and k not in EXECUTION_ONLY_MODEL_KEYS
+    }
+    if diff:
       raise config_lib.ConfigError(
           f"{workdir} holds a run with a different model config (saved, now): {diff}. "
           "Use a new --workdir, or the saved config."
@@ -362,9 +372,11 @@ def run(
 ) -> dict:
   """Trains (or resumes) the run in `workdir`; returns the final results (also results.json).
 
-  `devices` (default: all) are laid out as `config.mesh`.
+  `devices` (default: all) are laid out as `config.mesh`. With `config.distributed.enabled`,
+  this process first joins the multi-process job (see distributed.py).
   """
   config_lib.validate(config)
+  distributed.initialize(config)  # before anything asks JAX for devices or the process index
   os.makedirs(workdir, exist_ok=True)
   _check_workdir_config(workdir, config)
   dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
@@ -487,12 +499,13 @@ def _periodic_eval(trainer, params, examples, references, buckets, tokenizer, lo
 
 
 def final_evaluation(trainer: Trainer, params, dataset, buckets, workdir: str) -> dict:
-  """Loss/perplexity on the eval split, greedy translations and sacreBLEU on the test split."""
+  """Loss/perplexity on the eval split; translations, sacreBLEU and tokenized BLEU on test."""
   eval_split, test_split = dataset.splits["eval"], dataset.splits["test"]
   eval_metrics = trainer.evaluate_loss(params, eval_split.examples, buckets)
   hypotheses = trainer.translate(params, test_split.examples, buckets, dataset.tokenizer)
   references = [t for _, t in test_split.pairs]
   bleu = evaluate_lib.corpus_bleu(hypotheses, references)
+  tok_bleu = evaluate_lib.tokenized_bleu(hypotheses, references, trainer.config.data.target_lang)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "test_translations.txt"), "w") as f:
       f.writelines(h + "\n" for h in hypotheses)
@@ -503,7 +516,12 @@ def final_evaluation(trainer: Trainer, params, dataset, buckets, workdir: str) -
       "eval_accuracy": eval_metrics["accuracy"],
       "test_bleu": float(bleu.score),
       "test_bleu_signature": str(bleu),
+      "test_tokenized_bleu": float(tok_bleu.score),
       "test_sentences": len(references),
-      "decoding": "greedy",
+      "decoding": (
+          "greedy"
+          if trainer.config.eval.beam_size == 1
+          else f"beam {trainer.config.eval.beam_size}, alpha {trainer.config.eval.alpha}"
+      ),
   }
 
