@@ -8,6 +8,7 @@ temporary directory and renames it when complete, so an interrupted save is neve
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -63,3 +64,48 @@ def abstract_like(tree, shardings):
   return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
   )
+
+
+def average_params(manager: ocp.CheckpointManager, abstract_state, num: int):
+  """§6.1: the mean of the parameters of the last `num` checkpoints (5 for base, 20 for big).
+
+  Returns (params, steps). Only the parameters are averaged; one checkpoint is held at a time
+  besides the running sum, so memory stays at about twice the parameters plus one state.
+  """
+  steps = sorted(manager.all_steps())[-num:]
+  if len(steps) < num:
+    raise ValueError(
+        f"asked to average {num} checkpoints but {manager.directory} holds {len(steps)} "
+        f"({steps}); raise train.keep_checkpoints to keep enough"
+    )
+  total = None
+  for step in steps:
+    state, _ = restore(manager, abstract_state, step)
+    params = jax.tree.map(lambda x: x.astype(jax.numpy.float32), state.params)
+    total = params if total is None else jax.tree.map(jax.numpy.add, total, params)
+  return jax.tree.map(lambda x: x / len(steps), total), steps
+
+
+AVERAGED_DIR = "averaged"
+
+
+def save_averaged(workdir: str, params, steps: list[int]) -> str:
+  """Writes averaged parameters to `workdir/averaged` (replacing an older average)."""
+  path = os.path.abspath(os.path.join(workdir, AVERAGED_DIR))
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(os.path.join(path, "params"), params, force=True)
+  if jax.process_index() == 0:
+    with open(os.path.join(path, "steps.json"), "w") as f:
+      json.dump({"steps": [int(s) for s in steps]}, f)
+  return path
+
+
+def load_averaged(workdir: str, abstract_params):
+  path = os.path.abspath(os.path.join(workdir, AVERAGED_DIR))
+  if not os.path.isdir(os.path.join(path, "params")):
+    raise FileNotFoundError(
+        f"no averaged checkpoint in {path}: run `python -m transformer_jax.average "
+        f"--workdir {workdir}` or train with train.average_last > 0"
+    )
+  with ocp.StandardCheckpointer() as checkpointer:
+    return checkpointer.restore(os.path.join(path, "params"), abstract_params)

@@ -74,6 +74,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 1000
   c.train.keep_checkpoints = 5
   c.train.eval_every = 0  # 0 = evaluate only at the end
+  c.train.average_last = 0  # §6.1: final evaluation on the mean of the last N checkpoints; 0 = off
 
   c.eval = ml_collections.ConfigDict()
   c.eval.batch_size = 64  # sentences per evaluation batch, summed over devices
@@ -171,6 +172,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(t.checkpoint_every >= 1, "train.checkpoint_every", "must be >= 1")
   check(t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
   check(t.eval_every >= 0, "train.eval_every", "must be >= 0 (0 = only at the end)")
+  check(
+      0 <= t.average_last <= t.keep_checkpoints,
+      "train.average_last",
+      f"must be in [0, train.keep_checkpoints={t.keep_checkpoints}]: only kept checkpoints average",
+  )
   check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
   check(e.num_sentences >= 1, "eval.num_sentences", "must be >= 1")
   check(e.max_decode_extra >= 1, "eval.max_decode_extra", "must be >= 1")

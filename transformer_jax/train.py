@@ -475,8 +475,16 @@ def run(
   train_seconds = time.perf_counter() - train_start
   manager.wait_until_finished()
 
-  results = final_evaluation(trainer, state.params, dataset, buckets, workdir)
+  params, evaluated = state.params, f"step {int(state.step)}"
+  if config.train.average_last:
+    params, steps = checkpoint.average_params(
+        manager, trainer.abstract_state(), config.train.average_last
+    )
+    checkpoint.save_averaged(workdir, params, steps)
+    evaluated = f"average of steps {steps}"
+  results = final_evaluation(trainer, params, dataset, buckets, workdir)
   results.update(
+      parameters=evaluated,
       step=int(state.step),
       num_params=int(num_params),
       train_seconds_this_session=round(train_seconds, 1),

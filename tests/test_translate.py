@@ -1,0 +1,82 @@
+"""Checkpoint averaging and the translate CLI, on a tiny run trained for a few steps."""
+
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax import average, checkpoint, train, translate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+  from test_train import tiny_config
+
+  workdir = tmp_path_factory.mktemp("run")
+  config = tiny_config(num_steps=4, checkpoint_every=1, keep_checkpoints=3, average_last=2)
+  config.eval.beam_size = 2
+  results = train.run(config, str(workdir), devices=jax.devices()[:1])
+  return workdir, results
+
+
+def test_average_of_checkpoints_is_the_mean_of_their_params(trained_run):
+  workdir, results = trained_run
+  assert results["parameters"] == "average of steps [3, 4]"
+  _, _, trainer = translate.load_trainer(str(workdir))
+  abstract = trainer.abstract_state()
+  manager = checkpoint.make_manager(str(workdir), keep=3, save_every=1)
+  three = [checkpoint.restore(manager, abstract, s)[0].params for s in (2, 3, 4)]
+  manager.close()
+  saved = checkpoint.load_averaged(str(workdir), abstract.params)  # written by run()
+  for a, b, avg in zip(*(jax.tree.leaves(t) for t in (three[1], three[2], saved))):
+    np.testing.assert_allclose(avg, (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
+  assert average.average_workdir(str(workdir), 3) == [2, 3, 4]
+  saved3 = checkpoint.load_averaged(str(workdir), abstract.params)
+  leaf = lambda tree: np.asarray(jax.tree.leaves(tree)[0])  # noqa: E731
+  np.testing.assert_allclose(leaf(saved3), sum(leaf(t) for t in three) / 3, rtol=1e-6)
+  with pytest.raises(ValueError, match="holds 3"):
+    average.average_workdir(str(workdir), 5)
+
+
+def test_translate_lines_keeps_order_empty_lines_and_truncates(trained_run, caplog):
+  workdir, _ = trained_run
+  run = translate.load_run(str(workdir), "latest", beam_size=1)
+  assert run.checkpoint == "step 4"
+  train_pairs = (workdir / "test_translations.txt").read_text().splitlines()
+  words = run.tokenizer.decode(list(range(4, 30))).split()
+  long_line = " ".join(words * 3)  # longer than data.max_len tokens
+  lines = ["", " ".join(words[:5]), long_line, "", " ".join(words[5:8])]
+  out = translate.translate_lines(run, lines)
+  assert len(out) == len(lines) and out[0] == "" and out[3] == ""
+  assert "line 3 has" in caplog.text
+  # Same sentence alone or among others: same translation (order is restored after bucketing).
+  assert translate.translate_lines(run, [lines[4]]) == [out[4]]
+  assert train_pairs  # the run wrote its test translations
+
+
+def test_translate_cli(trained_run, tmp_path):
+  workdir, _ = trained_run
+  source = tmp_path / "in.txt"
+  source.write_text("a b c\n\nd e\n")
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(workdir),
+       "--checkpoint", "avg", "--beam_size", "2"],
+      input=source.read_text(), capture_output=True, text=True, cwd=REPO, timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = proc.stdout.splitlines()
+  assert len(out) == 3 and out[1] == ""
+
+
+def test_translate_without_checkpoint_fails_clearly(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(tmp_path)],
+      input="x\n", capture_output=True, text=True, cwd=REPO, timeout=120,
+  )
+  assert proc.returncode == 1
+  assert "no config.json" in proc.stderr
