@@ -1,4 +1,4 @@
-"""load_dataset: sources wired to tokenizers, the vocabulary kept in (and reused from) the workdir."""
+"""load_dataset: sources wired to tokenizers; the vocabulary kept in, and reused from, a workdir."""
 
 import logging
 import os

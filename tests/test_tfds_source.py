@@ -52,9 +52,11 @@ def test_load_dataset_reads_mocked_wmt14_as_en_to_de(tmp_path):
 def test_unknown_language_names_the_key():
   config = wmt_config()
   config.data.target_lang = "fr"
-  with tfds.testing.mock_data(num_examples=4):
-    with pytest.raises(ValueError, match=r"config.data.target_lang='fr'.*\['de', 'en'\]"):
-      pipeline.load_dataset(config)
+  with (
+      tfds.testing.mock_data(num_examples=4),
+      pytest.raises(ValueError, match=r"config.data.target_lang='fr'.*\['de', 'en'\]"),
+  ):
+    pipeline.load_dataset(config)
 
 
 def test_unknown_dataset_name_names_the_key():

@@ -240,16 +240,16 @@ def _tokenize(tokenizer: Tokenizer, pairs: list[Pair]) -> list[batching.Example]
 
 
 def _is_chief() -> bool:
-  import jax  # noqa: PLC0415 -- only runs that write a workdir need a backend
+  import jax  # here, not at the top: only runs with a workdir need a backend
 
   return jax.process_index() == 0
 
 
 def _wait_for_chief(tag: str) -> None:
-  import jax  # noqa: PLC0415
+  import jax
 
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # noqa: PLC0415
+    from jax.experimental import multihost_utils
 
     multihost_utils.sync_global_devices(tag)
 

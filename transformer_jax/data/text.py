@@ -59,8 +59,7 @@ def read_lines(path: str) -> list[str]:
         f"line: {data[e.start:e.end]!r}, {e.reason}). Corpus files must be UTF-8; convert it, "
         f"e.g. `iconv -f LATIN1 -t UTF-8`, or fix that line."
     ) from None
-  if text.startswith("\ufeff"):  # a byte-order mark is not part of the first sentence
-    text = text[1:]
+  text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the first sentence
   lines = text.split("\n")
   if lines[-1] == "":  # the final newline ends the last line; it does not start a new one
     lines.pop()

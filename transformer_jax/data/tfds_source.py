@@ -89,7 +89,8 @@ def read_builder(
     pairs, num_skipped, index = [], 0, 0
     for batch in tfds.as_numpy(ds):
       for src, tgt in zip(batch[source_lang], batch[target_lang]):
-        src, tgt = _decode(src, name, split, index).strip(), _decode(tgt, name, split, index).strip()
+        src = _decode(src, name, split, index).strip()
+        tgt = _decode(tgt, name, split, index).strip()
         index += 1
         if src and tgt:
           pairs.append((src, tgt))
