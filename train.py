@@ -2,8 +2,10 @@
 
 Any config leaf can be overridden: `--config.model.num_layers=2`. The workdir is the whole run:
 config.json, vocabulary, checkpoints (resumed automatically), metrics.jsonl and results.json.
-Multi-host: set `--distributed` (TPU VMs detect the rest; GPU clusters also pass
-`--coordinator_address`, `--num_processes` and `--process_id`).
+Multi-host: run the same command on every host with `--config.distributed.enabled=True`
+(Cloud TPU VMs, SLURM and Open MPI detect the rest; elsewhere also pass
+`--config.distributed.coordinator_address=HOST:PORT`, `--config.distributed.num_processes=N` and
+`--config.distributed.process_id=I`); see transformer_jax/distributed.py.
 """
 
 import logging

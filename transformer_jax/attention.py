@@ -5,6 +5,19 @@ Einsum letters used throughout:
   e model dim (d_model).
 
 Masks are boolean arrays broadcastable to [batch, heads, q_len, k_len]; True means "may attend".
+The model passes them as an `AttentionMask` (key padding, causality and any other dense mask
+kept apart), so that a fused kernel can take padding as key lengths and causality as a flag
+instead of a dense [b, 1, q, k] array.
+
+Implementations (`TransformerConfig.attention_impl`, chosen per call by `attention_implementation`):
+  einsum  the reference: two einsums and a float32 softmax (`dot_product_attention`).
+  xla     `jax.nn.dot_product_attention(implementation="xla")`: the same math through JAX's API.
+  cudnn   `jax.nn.dot_product_attention(implementation="cudnn")`: cuDNN's fused (flash) kernel on
+          NVIDIA GPUs, bfloat16/float16 only; padding as sequence lengths, causal as `is_causal`.
+  auto    cudnn where it applies (GPU, half precision, head_dim % 8 == 0 and <= 128, no
+          packed-segment mask), einsum elsewhere.
+Every implementation falls back to einsum with attention dropout (no fused kernel here takes
+it) and in decode mode (one query against the KV cache, masked by the write index).
 """
 
 from __future__ import annotations
@@ -12,6 +25,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -56,6 +70,37 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
   return functools.reduce(jnp.logical_and, masks)
 
 
+@flax.struct.dataclass
+class AttentionMask:
+  """What each query may attend to, kept in the pieces fused attention kernels take.
+
+  key_valid: [b, k] bool or None. False marks padding keys. The fused paths turn it into key
+    lengths, `key_valid.sum(-1)`, which is right because padding is trailing in every batch this
+    package builds (`data/batching.py`, `decode.py`); the einsum path uses it as it is.
+  causal: query i attends to keys <= i (§3.2.3). Static: it selects a kernel.
+  extra: [b | 1, 1, q, k] bool or None: any other mask (packed-sequence segment masks).
+  """
+
+  key_valid: jax.Array | None = None
+  extra: jax.Array | None = None
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def dense(self, query_length: int) -> jax.Array | None:
+    """The whole mask as one boolean array broadcastable to [b, 1, q, k] (None: attend to all)."""
+    return combine_masks(
+        causal_mask(query_length) if self.causal else None,
+        None if self.key_valid is None else padding_mask(None, self.key_valid),
+        self.extra,
+    )
+
+  def key_lengths(self) -> jax.Array | None:
+    """[b] int32 number of non-padding keys; at least 1, so an all-padding row (a filler row of
+    a fixed-shape eval batch) stays finite in every kernel. Its outputs are never used."""
+    if self.key_valid is None:
+      return None
+    return jnp.maximum(jnp.sum(self.key_valid, axis=-1, dtype=jnp.int32), 1)
+
+
 # ----------------------------------------------------------------------------- attention
 
 
@@ -88,6 +133,82 @@ def dot_product_attention(
   return jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d]
 
 
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
+
+
+def cudnn_unsupported_reason(dtype, head_dim: int, platform: str) -> str | None:
+  """Why cuDNN's fused attention cannot run this call (None: it can). Checked before tracing
+  the kernel, so `auto` falls back instead of failing inside jit."""
+  if platform not in ("gpu", "cuda"):
+    return f"cudnn attention needs an NVIDIA GPU; the default backend is {platform!r}"
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"cudnn attention takes bfloat16/float16; model.dtype is {jnp.dtype(dtype).name}"
+  if head_dim % 8 or head_dim > 128:
+    return f"cudnn attention needs head_dim % 8 == 0 and <= 128; head_dim is {head_dim}"
+  return None
+
+
+def attention_implementation(
+    impl: str,
+    *,
+    dtype,
+    head_dim: int,
+    decode: bool,
+    dropout: bool,
+    dense_mask: bool,
+    platform: str | None = None,
+) -> str:
+  """Resolves `attention_impl` for one call to 'einsum', 'xla' or 'cudnn' (see module docstring).
+
+  `dense_mask`: the mask has a part only a dense array expresses (packed segments, or a caller's
+  plain boolean mask). cuDNN then takes it as an additive bias, which `auto` does not choose.
+  """
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(f"attention_impl={impl!r}; expected one of {ATTENTION_IMPLS}")
+  if impl == "einsum" or decode or dropout:
+    return "einsum"
+  if impl == "xla":
+    return "xla"
+  platform = jax.default_backend() if platform is None else platform
+  reason = cudnn_unsupported_reason(dtype, head_dim, platform)
+  if impl == "cudnn":
+    if reason:
+      raise ValueError(f"attention_impl='cudnn': {reason}; use 'auto', 'xla' or 'einsum'")
+    return "cudnn"
+  return "einsum" if reason or dense_mask else "cudnn"
+
+
+def fused_dot_product_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: AttentionMask | jax.Array | None,
+    *,
+    implementation: str,
+) -> jax.Array:
+  """Eq. 1 through `jax.nn.dot_product_attention` ('xla' or 'cudnn').
+
+  query [b, q, h, d], key/value [b, k, h, d] -> [b, q, h, d]. Padding goes in as key lengths and
+  causality as `is_causal`, so cuDNN builds neither mask in memory; only `mask.extra` (or a plain
+  boolean array) is passed densely.
+  """
+  if isinstance(mask, AttentionMask):
+    dense, causal, key_lengths = mask.extra, mask.causal, mask.key_lengths()
+  else:
+    dense, causal, key_lengths = mask, False, None
+  if dense is not None:
+    dense = jnp.broadcast_to(dense, (dense.shape[0], 1, query.shape[1], key.shape[1]))
+  return jax.nn.dot_product_attention(
+      query,
+      key,
+      value,
+      mask=dense,
+      is_causal=causal,
+      key_value_seq_lengths=key_lengths,
+      implementation=implementation,
+  )  # [b, q, h, d]
+
+
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) Wᴼ, head_i = Attention(Q W_iᵠ, K W_iᴷ, V W_iⱽ).
 
@@ -110,7 +231,7 @@ class MultiHeadAttention(nn.Module):
       self,
       inputs_q: jax.Array,  # [b, q, e]
       inputs_kv: jax.Array | None,  # [b, k, e]; None = cached cross-attention keys/values
-      mask: jax.Array | None,  # [b | 1, 1, q, k] bool
+      mask: AttentionMask | jax.Array | None,  # or a dense [b | 1, 1, q, k] bool array
   ) -> jax.Array:
     cfg = self.config
     head_dim = cfg.d_model // cfg.num_heads
@@ -145,18 +266,30 @@ class MultiHeadAttention(nn.Module):
     query = nn.with_logical_constraint(
         query, (sharding.BATCH, sharding.LENGTH, sharding.HEADS, sharding.KV)
     )
-    dropout_rng = None
-    if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
-      dropout_rng = self.make_rng("dropout")
-    out = dot_product_attention(
-        query,
-        key,
-        value,
-        mask,
-        dropout_rng=dropout_rng,
-        dropout_rate=cfg.attention_dropout_rate,
-        deterministic=cfg.deterministic,
-    )  # [b, q, h, d]
+    dropout = not cfg.deterministic and cfg.attention_dropout_rate > 0.0
+    impl = attention_implementation(
+        cfg.attention_impl,
+        dtype=cfg.dtype,
+        head_dim=head_dim,
+        decode=cfg.decode,
+        dropout=dropout,
+        dense_mask=mask is not None
+        and (not isinstance(mask, AttentionMask) or mask.extra is not None),
+    )
+    if impl == "einsum":
+      if isinstance(mask, AttentionMask):
+        mask = mask.dense(query.shape[1])
+      out = dot_product_attention(
+          query,
+          key,
+          value,
+          mask,
+          dropout_rng=self.make_rng("dropout") if dropout else None,
+          dropout_rate=cfg.attention_dropout_rate,
+          deterministic=cfg.deterministic,
+      )  # [b, q, h, d]
+    else:
+      out = fused_dot_product_attention(query, key, value, mask, implementation=impl)
     w_out = projection(
         "out", (cfg.num_heads, head_dim, cfg.d_model), (sharding.HEADS, sharding.KV, sharding.EMBED),
         (0, 1), 2,

@@ -1,6 +1,13 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), §3, in Flax linen.
 
-Shapes: b batch, s source length, t target length, e d_model, f d_ff, v vocabulary.
+Shapes: b batch, s source length, t target length, e d_model, f d_ff, v vocabulary, n layers.
+
+Two switches change how the layer stacks run, not what they compute:
+  remat_policy  rematerialise each layer in the backward pass (`nn.remat`): activation memory
+                per layer drops to its inputs (plus what the policy saves) for one more forward.
+  scan_layers   run each stack as `nn.scan` over one layer with stacked parameters [n, ...]
+                (`encoder/layers/...`, logical axis "layers"): compile time no longer grows with
+                depth. `stack_layer_params`/`unstack_layer_params` convert the parameter trees.
 """
 
 from __future__ import annotations
@@ -15,16 +22,24 @@ import numpy as np
 
 from transformer_jax import sharding
 from transformer_jax.attention import (
+    ATTENTION_IMPLS,
+    AttentionMask,
     MultiHeadAttention,
-    causal_mask,
-    combine_masks,
     default_kernel_init,
-    padding_mask,
     segment_mask,
 )
 from transformer_jax.data.tokenizer import PAD_ID
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+# What a rematerialised layer keeps from its forward pass (the rest is recomputed).
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation
+    "full": None,  # keep only the layer's inputs
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # keep every matmul output
+    # keep the weight matmuls (projections, FFN), recompute attention scores/softmax [b,h,q,k]
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 def as_dtype(dtype: Any) -> Any:
@@ -60,6 +75,9 @@ class TransformerConfig:
   layer_norm_epsilon: float = 1e-6
   dtype: Any = jnp.float32  # compute dtype; bfloat16 for mixed precision
   param_dtype: Any = jnp.float32
+  attention_impl: str = "auto"  # auto | xla | cudnn | einsum; see attention.py
+  remat_policy: str = "none"  # none | full | dots | dots_no_batch; see REMAT_POLICIES
+  scan_layers: bool = False  # nn.scan over layers; parameters stacked on a leading axis
   deterministic: bool = False
   decode: bool = False
 
@@ -98,6 +116,14 @@ class TransformerConfig:
         (
             self.positional != "sinusoidal" or self.d_model % 2 == 0,
             f"sinusoidal positions need an even d_model, got {self.d_model}",
+        ),
+        (
+            self.attention_impl in ATTENTION_IMPLS,
+            f"attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}",
+        ),
+        (
+            self.remat_policy in REMAT_POLICIES,
+            f"remat_policy={self.remat_policy!r}; expected one of {tuple(REMAT_POLICIES)}",
         ),
     ]
     for ok, message in checks:
@@ -220,29 +246,32 @@ class EncoderLayer(nn.Module):
   """Self-attention then FFN (§3.1, encoder)."""
 
   config: TransformerConfig
+  scanned: bool = False  # return (x, None), the (carry, output) pair nn.scan expects
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: AttentionMask | jax.Array | None):
     cfg = self.config
     attention = MultiHeadAttention(cfg, kind="encoder", name="self_attention")
     x = SubLayer(cfg, name="attention_block")(x, lambda y: attention(y, y, mask))
     x = SubLayer(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"))
-    return nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
+    x = nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
+    return (x, None) if self.scanned else x
 
 
 class DecoderLayer(nn.Module):
   """Masked self-attention, encoder-decoder attention, then FFN (§3.1, decoder)."""
 
   config: TransformerConfig
+  scanned: bool = False  # return (y, None), the (carry, output) pair nn.scan expects
 
   @nn.compact
   def __call__(
       self,
       y: jax.Array,  # [b, t, e]
       encoded: jax.Array | None,  # [b, s, e]; None while decoding from the cache
-      self_mask: jax.Array | None,
-      cross_mask: jax.Array | None,
-  ) -> jax.Array:
+      self_mask: AttentionMask | jax.Array | None,
+      cross_mask: AttentionMask | jax.Array | None,
+  ):
     cfg = self.config
     self_attention = MultiHeadAttention(cfg, kind="causal", name="self_attention")
     cross_attention = MultiHeadAttention(cfg, kind="cross", name="cross_attention")
@@ -251,7 +280,8 @@ class DecoderLayer(nn.Module):
         y, lambda z: cross_attention(z, encoded, cross_mask)
     )
     y = SubLayer(cfg, name="ffn_block")(y, FeedForward(cfg, name="ffn"))
-    return nn.with_logical_constraint(y, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
+    y = nn.with_logical_constraint(y, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
+    return (y, None) if self.scanned else y
 
 
 class Embed(nn.Module):
@@ -280,10 +310,135 @@ class Embed(nn.Module):
   def attend(self, x: jax.Array) -> jax.Array:
     """x [b, t, e] -> logits [b, t, v] in float32 (accumulated in float32 even for bf16 x)."""
     embedding = self.embedding.astype(self.config.dtype)
-    return jnp.einsum("bte,ve->btv", x, embedding, preferred_element_type=jnp.float32)
+    return _output_projection(x, embedding)
+
+
+@jax.custom_vjp
+def _output_projection(x: jax.Array, embedding: jax.Array) -> jax.Array:
+  """x [b, t, e] @ embedding [v, e]ᵀ -> logits [b, t, v], float32.
+
+  The custom backward only fixes which operand XLA transposes for the embedding gradient: left
+  alone, XLA:CPU materialises the transpose of the logits gradient [v, b*t] (the largest tensor
+  of the step); here it transposes x [e, b*t] and the small result [e, v] instead.
+  """
+  return jnp.einsum("bte,ve->btv", x, embedding, preferred_element_type=jnp.float32)
+
+
+def _output_projection_fwd(x, embedding):
+  return _output_projection(x, embedding), (x, embedding)
+
+
+def _output_projection_bwd(residuals, g):
+  """The gradients JAX's own rule computes (same dtypes: float32 accumulation, cast back)."""
+  x, embedding = residuals  # g: [b, t, v] float32
+  dx = jax.lax.dot_general(
+      g, embedding, (((2,), (0,)), ((), ())), preferred_element_type=jnp.float32
+  )  # [b, t, e]
+  x_t = jax.lax.optimization_barrier(jnp.transpose(x, (2, 0, 1)))  # [e, b, t], materialised
+  d_embedding = jax.lax.dot_general(
+      x_t, g, (((1, 2), (0, 1)), ((), ())), preferred_element_type=jnp.float32
+  ).T  # [e, v] -> [v, e]
+  return dx.astype(x.dtype), d_embedding.astype(embedding.dtype)
+
+
+_output_projection.defvjp(_output_projection_fwd, _output_projection_bwd)
 
 
 # ----------------------------------------------------------------------------- stacks
+
+
+def _maybe_remat(layer_cls, cfg: TransformerConfig):
+  """The layer class, rematerialised under `cfg.remat_policy` (never in decode mode: no
+  backward pass there)."""
+  if cfg.remat_policy == "none" or cfg.decode:
+    return layer_cls
+  # prevent_cse stops XLA from merging the recomputation back into the forward pass; inside
+  # nn.scan the loop boundary already does that, and the flag would only block optimisations.
+  return nn.remat(
+      layer_cls, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers
+  )
+
+
+def _scan_layers(layer_cls, num_layers: int, num_broadcast_args: int):
+  """nn.scan over `num_layers` copies of a layer: parameters [n, ...] (logical axis "layers"),
+  a fresh dropout key per layer, and the non-carried arguments (masks, encoder output) shared."""
+  return nn.scan(
+      layer_cls,
+      variable_axes={"params": 0},
+      split_rngs={"params": True, "dropout": True},
+      in_axes=(nn.broadcast,) * num_broadcast_args,
+      length=num_layers,
+      metadata_params={nn.PARTITION_NAME: sharding.LAYERS},
+  )
+
+
+def _is_boxed(x) -> bool:
+  return isinstance(x, nn.LogicallyPartitioned)
+
+
+def _stack(*xs):
+  """Stacks layer values on a new leading axis; boxed values get the logical name "layers"."""
+  if _is_boxed(xs[0]):
+    return xs[0].replace(
+        value=jnp.stack([x.value for x in xs]), names=(sharding.LAYERS, *xs[0].names)
+    )
+  return jnp.stack(xs)
+
+
+def stack_layer_params(params):
+  """Unrolled parameters (`layer_0`, `layer_1`, ... under a stack) -> scanned (`layers`, [n, ...]).
+
+  Works on any (sub)tree: every dict holding `layer_0` is converted; other entries are kept.
+  """
+  if not isinstance(params, dict) and not hasattr(params, "items"):
+    return params
+  params = dict(params)
+  if "layer_0" in params:
+    n = sum(1 for k in params if k.startswith("layer_"))
+    layers = [params.pop(f"layer_{i}") for i in range(n)]
+    params["layers"] = jax.tree.map(_stack, *layers, is_leaf=_is_boxed)  # [n, ...]
+  return {k: stack_layer_params(v) for k, v in params.items()}
+
+
+def unstack_layer_params(params):
+  """Scanned parameters (`layers`, [n, ...]) -> unrolled (`layer_0`, ...); inverse of the above."""
+  if not isinstance(params, dict) and not hasattr(params, "items"):
+    return params
+  params = dict(params)
+  if "layers" in params:
+    stacked = params.pop("layers")
+    n = jax.tree.leaves(stacked)[0].shape[0]
+    for i in range(n):
+      params[f"layer_{i}"] = jax.tree.map(lambda x, i=i: _index(x, i), stacked, is_leaf=_is_boxed)
+  return {k: unstack_layer_params(v) for k, v in params.items()}
+
+
+def _index(x, i: int):
+  if _is_boxed(x):
+    return x.replace(value=x.value[i], names=x.names[1:])
+  return x[i]
+
+
+class _DecoderLayersFromStack(nn.Module):
+  """Decode mode of a scanned decoder: the stacked parameters, run one layer after another, so
+  each layer keeps its own KV cache [b, n, h, d] (the layout decode.py reads and reorders)."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, y, encoded, self_mask, cross_mask):
+    for i in range(self.config.decoder_layers):
+      y = DecoderLayer(self.config, name=f"layer_{i}")(y, encoded, self_mask, cross_mask)
+    return y
+
+
+def _unstack_variables(variables):
+  # {collection: {"layer_0": ..., ...}} <-> {collection: stacked}; map_variables passes collections.
+  return {col: unstack_layer_params({"layers": tree}) for col, tree in variables.items()}
+
+
+def _stack_variables(variables):
+  return {col: stack_layer_params({"layers": tree})["layers"] for col, tree in variables.items()}
 
 
 class Encoder(nn.Module):
@@ -293,17 +448,22 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
     cfg = self.config
-    valid = inputs != PAD_ID  # [b, s]
-    mask = combine_masks(
-        padding_mask(valid, valid),
-        None if inputs_segmentation is None else segment_mask(inputs_segmentation, inputs_segmentation),
+    mask = AttentionMask(
+        key_valid=inputs != PAD_ID,  # [b, s]
+        extra=None
+        if inputs_segmentation is None
+        else segment_mask(inputs_segmentation, inputs_segmentation),  # [b, 1, s, s]
     )
     x = self.embed(inputs)  # [b, s, e]
     x = AddPositions(cfg, name="positions")(x, inputs_positions)
     # §5.4: dropout on the sums of the embeddings and the positional encodings.
     x = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(x)
-    for i in range(cfg.num_layers):
-      x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask)
+    layer = _maybe_remat(EncoderLayer, cfg)
+    if cfg.scan_layers:
+      x, _ = _scan_layers(layer, cfg.num_layers, 1)(cfg, scanned=True, name="layers")(x, mask)
+    else:
+      for i in range(cfg.num_layers):
+        x = layer(cfg, name=f"layer_{i}")(x, mask)
     if cfg.norm_position == "pre":
       x = _layer_norm(cfg, "final_norm")(x)
     return x  # [b, s, e]
@@ -327,24 +487,38 @@ class Decoder(nn.Module):
     if cfg.decode:
       self_mask = None  # the KV cache builds the causal mask from its write index
     else:
-      self_mask = combine_masks(
-          causal_mask(decoder_inputs.shape[1]),  # §3.2.3: no attention to later positions
-          padding_mask(None, decoder_inputs != PAD_ID),
-          None
+      self_mask = AttentionMask(
+          key_valid=decoder_inputs != PAD_ID,  # [b, t]
+          extra=None
           if targets_segmentation is None
-          else segment_mask(targets_segmentation, targets_segmentation),
+          else segment_mask(targets_segmentation, targets_segmentation),  # [b, 1, t, t]
+          causal=True,  # §3.2.3: no attention to later positions
       )
-    cross_mask = combine_masks(
-        padding_mask(None, inputs != PAD_ID),
-        None
+    cross_mask = AttentionMask(
+        key_valid=inputs != PAD_ID,  # [b, s]
+        extra=None
         if targets_segmentation is None
-        else segment_mask(targets_segmentation, inputs_segmentation),
+        else segment_mask(targets_segmentation, inputs_segmentation),  # [b, 1, t, s]
     )
     y = self.embed(decoder_inputs)  # [b, t, e]
     y = AddPositions(cfg, name="positions")(y, targets_positions)
     y = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(y)
-    for i in range(cfg.decoder_layers):
-      y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask)
+    layer = _maybe_remat(DecoderLayer, cfg)
+    if cfg.scan_layers and not cfg.decode:
+      scanned = _scan_layers(layer, cfg.decoder_layers, 3)(cfg, scanned=True, name="layers")
+      y, _ = scanned(y, encoded, self_mask, cross_mask)
+    elif cfg.scan_layers:  # decoding: per-layer caches, read from the stacked parameters
+      unrolled = nn.map_variables(
+          _DecoderLayersFromStack,
+          "params",
+          trans_in_fn=_unstack_variables,
+          trans_out_fn=_stack_variables,
+          init=self.is_initializing(),
+      )
+      y = unrolled(cfg, name="layers")(y, encoded, self_mask, cross_mask)
+    else:
+      for i in range(cfg.decoder_layers):
+        y = layer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask)
     if cfg.norm_position == "pre":
       y = _layer_norm(cfg, "final_norm")(y)
     return y  # [b, t, e]

@@ -7,11 +7,29 @@ parallelism to FSDP or tensor parallelism.
 Mesh axes:
   data    pure data parallelism: the batch is split, parameters are replicated.
   fsdp    the batch is split too, and (with FSDP rules) parameters/optimizer state are sharded.
-  tensor  tensor (model) parallelism over heads and the FFN hidden dimension.
+  tensor  tensor (model) parallelism over heads, the FFN hidden dimension and the vocabulary
+          (Megatron-style: activations [batch, length, embed] stay whole on each tensor shard).
+
+Rule sets (`config.sharding_rules`):
+  data_parallel    parameters replicated; the batch over data x fsdp.
+  fsdp             ZeRO-3 style: every parameter's embed dimension over fsdp (gathered for use,
+                   gradients reduce-scattered by GSPMD), heads/mlp/vocab over tensor, so
+                   `mesh={"fsdp": F, "tensor": T}` is 2-D FSDP x tensor parallelism.
+  tensor_parallel  heads/mlp/vocab over tensor, embed replicated; the batch over data x fsdp.
+
+Rules are applied in order and a mesh axis is used once per array, so an activation
+[batch, length, embed] under FSDP rules gets (data+fsdp, -, -): the batch rule takes fsdp first.
+A parameter dimension that does not divide by its mesh axes is replicated instead (see
+`logical_to_shardings`), so e.g. an odd vocabulary still runs under tensor parallelism.
+
+On several hosts the mesh is laid out from `jax.devices()` (ordered by process), so the outer
+axes (data, then fsdp) span hosts and `tensor`, the innermost, stays within a host.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Mapping, Sequence
 
 import flax.linen as nn
@@ -27,10 +45,12 @@ MLP = "mlp"  # d_ff
 HEADS = "heads"
 KV = "kv"  # d_k = d_v
 VOCAB = "vocab"
+LAYERS = "layers"  # the stacked-layer axis of `model.scan_layers` parameters
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
-# Rules: logical name -> mesh axis (or tuple of axes, or None = replicated).
+# Rules: logical name -> mesh axis (or tuple of axes, or None = replicated). Order matters: an
+# earlier rule claims its mesh axis first (see the module docstring).
 DATA_PARALLEL_RULES = (
     (BATCH, ("data", "fsdp")),
     (LENGTH, None),
@@ -39,6 +59,7 @@ DATA_PARALLEL_RULES = (
     (HEADS, None),
     (KV, None),
     (VOCAB, None),
+    (LAYERS, None),
 )
 FSDP_RULES = (
     (BATCH, ("data", "fsdp")),
@@ -48,8 +69,23 @@ FSDP_RULES = (
     (HEADS, "tensor"),
     (KV, None),
     (VOCAB, "tensor"),
+    (LAYERS, None),
 )
-RULES = {"data_parallel": DATA_PARALLEL_RULES, "fsdp": FSDP_RULES}
+TENSOR_PARALLEL_RULES = (
+    (BATCH, ("data", "fsdp")),
+    (LENGTH, None),
+    (EMBED, None),
+    (MLP, "tensor"),
+    (HEADS, "tensor"),
+    (KV, None),
+    (VOCAB, "tensor"),
+    (LAYERS, None),
+)
+RULES = {
+    "data_parallel": DATA_PARALLEL_RULES,
+    "fsdp": FSDP_RULES,
+    "tensor_parallel": TENSOR_PARALLEL_RULES,
+}
 
 
 def make_mesh(mesh_shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -95,7 +131,31 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def logical_to_shardings(abstract_tree, mesh: Mesh, rules):
   """Boxed (LogicallyPartitioned) abstract tree -> matching tree of NamedShardings.
 
-  Leaves that carry no logical names (step counters, Adam's count) are replicated.
+  Leaves that carry no logical names (step counters, Adam's count) are replicated. A dimension
+  whose size does not divide by the product of its mesh axes is replicated (jit cannot lay out
+  uneven shards), with one log line per such parameter shape.
   """
-  specs = nn.get_partition_spec(abstract_tree)
-  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+  logical_specs = nn.get_partition_spec(abstract_tree)
+  shapes = nn.unbox(abstract_tree)
+  is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+
+  def to_sharding(logical_spec, shape):
+    spec = nn.logical_to_mesh_axes(tuple(logical_spec), rules) if logical_spec else PartitionSpec()
+    return NamedSharding(mesh, fit_spec(spec, getattr(shape, "shape", ()), mesh))
+
+  return jax.tree.map(to_sharding, logical_specs, shapes, is_leaf=is_spec)
+
+
+def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+  """Drops the mesh axes of every dimension of `shape` they do not divide evenly."""
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  fitted = []
+  for size, axes in zip(shape, entries):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    shards = math.prod(mesh.shape[a] for a in names)
+    if shards > 1 and size % shards:
+      logging.info("sharding: dimension %d of %s does not divide by %s=%d; replicated",
+                   size, tuple(shape), names, shards)
+      axes = None
+    fitted.append(axes)
+  return PartitionSpec(*fitted)

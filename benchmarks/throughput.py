@@ -1,0 +1,250 @@
+"""Training-step throughput and MFU: the compiled train step alone, no input pipeline.
+
+Prints one JSON line: median step time over `--steps` timed steps (after `--warmup` steps, each
+ended with block_until_ready), target tokens/s, achieved FLOP/s and MFU against a matmul peak
+measured on the same devices in the same run and dtype (a square `--peak_n` matmul, median),
+the timed steps and peak matmuls interleaved so both see the same load.
+
+  python benchmarks/throughput.py --config configs/quickstart.py \\
+      --config.model.num_layers=3 --config.model.d_model=256 --config.model.num_heads=4 \\
+      --config.model.d_ff=1024 --config.data.vocab_size=8000 --batch_size=64 --seq_len=32
+
+With --batch_size and --seq_len the batch is synthetic: random tokens, no padding, source and
+target both seq_len long, vocabulary config.data.vocab_size (nothing is read or tokenized).
+Without them, the first training batch of the configured data is used (loading not timed).
+
+FLOPs (`flops_per_step`, used for MFU) are counted analytically, as matmul FLOPs only (2 per
+multiply-add; the backward pass costs twice the forward, so training = 3x forward):
+
+  forward = 2 * [ encoder:  N * B*S * (4 e^2 + 2 e f)            projections Q,K,V,O and FFN
+                          + N * 2 * B*S^2 * e                     Q K^T and A V
+                  decoder:  M * B*T * (4 e^2 + 2 e f)            self-attention proj. and FFN
+                          + M * (2 e^2 * B*T + 2 e^2 * B*S)      cross-attention Q,O / K,V
+                          + M * 2 * (B*T^2 + B*T*S) * e          self- and cross-attention
+                  output:   B*T * e * V ]                         pre-softmax projection
+  per step = 3 * forward
+
+i.e. 6 * (matmul parameters) * tokens plus the attention terms, with B rows, S/T source/target
+length, e d_model, f d_ff, V vocabulary, N/M encoder/decoder layers; padded positions and the
+masked half of causal attention are counted, since the hardware computes them. Softmax, LayerNorm,
+dropout, embedding gathers and Adam are not counted (they are not matmuls), nor is remat's
+recomputation (MFU, not HFU). XLA's own count (`compiled.cost_analysis()`) is printed beside it as
+`xla_flops_per_step` where the backend reports one; it is per device for a sharded program,
+counts a loop body once (so it undercounts `model.scan_layers` models) and counts non-matmul
+FLOPs too.
+
+--breakdown also times the forward pass alone and forward+backward (no optimizer update).
+"""
+
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/quickstart.py", "Experiment config file.", lock_config=True
+)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "Synthetic batch rows (with --seq_len).")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Synthetic source/target length.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+_PEAK_N = flags.DEFINE_integer("peak_n", 0, "Peak matmul size (0: 2048 on CPU, 8192 elsewhere).")
+_PEAK_REPEATS = flags.DEFINE_integer("peak_repeats", 10, "Timed peak matmuls (median).")
+_BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also time forward and forward+backward.")
+
+
+def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> float:
+  """Matmul FLOPs of one training step (forward + backward); see the module docstring."""
+  B, S, T = batch, source_len, target_len
+  e, f, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+  N, M = cfg.num_layers, cfg.decoder_layers
+  encoder = N * (B * S * (4 * e * e + 2 * e * f) + 2 * B * S * S * e)
+  decoder = M * (
+      B * T * (4 * e * e + 2 * e * f)  # self-attention projections, FFN
+      + 2 * e * e * B * T  # cross-attention Q and O, on target positions
+      + 2 * e * e * B * S  # cross-attention K and V, on source positions
+      + 2 * (B * T * T + B * T * S) * e  # scores and weighted sums, self and cross
+  )
+  output = B * T * e * V
+  forward = 2 * (encoder + decoder + output)  # 2 FLOPs per multiply-add
+  return 3.0 * forward  # backward = 2 x forward
+
+
+def time_calls(fn, repeats: int) -> list[float]:
+  import jax
+
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def peak_matmul(dtype, n: int, mesh):
+  """(call, flops): one square n x n matmul on every device of `mesh`, compiled and warmed up."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  devices = mesh.devices.size
+  key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
+  # A [devices * n, n] operand split over all devices: each multiplies its own n x n block.
+  sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+  a = jax.device_put(jax.random.normal(key_a, (devices * n, n), dtype), sharding)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  b = jax.device_put(jax.random.normal(key_b, (n, n), dtype), replicated)
+  matmul = jax.jit(lambda a, b: a @ b, out_shardings=sharding)
+  time_calls(lambda: matmul(a, b), 2)  # compile, warm up
+  return (lambda: matmul(a, b)), 2.0 * devices * n**3
+
+
+def synthetic_batch(rows: int, length: int, vocab_size: int):
+  import numpy as np
+
+  rng = np.random.default_rng(0)
+  tokens = lambda: rng.integers(3, vocab_size, size=(rows, length), dtype=np.int32)  # noqa: E731
+  decoder_inputs = tokens()
+  decoder_inputs[:, 0] = 1  # BOS
+  return {"inputs": tokens(), "decoder_inputs": decoder_inputs, "targets": tokens()}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  import functools
+
+  import jax
+  import numpy as np
+
+  from transformer_jax import config as config_lib
+  from transformer_jax import train
+  from transformer_jax.data import batching, pipeline
+  from transformer_jax.data.tokenizer import PAD_ID
+
+  config = _CONFIG.value
+  config_lib.validate(config)
+  if bool(_BATCH_SIZE.value) != bool(_SEQ_LEN.value):
+    raise app.UsageError("give both --batch_size and --seq_len, or neither")
+  if _BATCH_SIZE.value:
+    vocab_size = config.data.vocab_size
+    if _SEQ_LEN.value > config.model.max_len:
+      raise app.UsageError(f"--seq_len={_SEQ_LEN.value} exceeds model.max_len")
+    host_batch = synthetic_batch(_BATCH_SIZE.value, _SEQ_LEN.value, vocab_size)
+    source = "random tokens (--batch_size, --seq_len)"
+  else:
+    dataset = pipeline.load_dataset(config)
+    vocab_size = dataset.tokenizer.vocab_size
+    host_batch = next(
+        batching.BatchIterator(
+            dataset.splits["train"].examples,
+            seed=config.seed,
+            bucket_lengths=dataset.bucket_lengths(config.data),
+            tokens_per_batch=config.data.tokens_per_batch,
+        )
+    )
+    source = f"first training batch of data.source={config.data.source!r}"
+
+  model_config = config_lib.model_config(config, vocab_size)
+  trainer = train.Trainer(config, model_config)
+  rows, source_len = host_batch["inputs"].shape
+  target_len = host_batch["targets"].shape[1]
+  target_tokens = int(np.count_nonzero(host_batch["targets"] != PAD_ID))
+
+  with trainer._context():
+    batch = trainer.to_global(host_batch)  # on the devices once: the steps time compute only
+    state = trainer.init_state(config.seed)
+    rng = jax.random.PRNGKey(0)
+    # The jitted step itself (Trainer.train_step would also transfer the host batch each call).
+    step = trainer._jit_train_step
+    start = time.perf_counter()
+    compiled = step.lower(state, batch, rng).compile()
+    compile_s = time.perf_counter() - start
+    cost = compiled.cost_analysis()  # a dict, or a list of one on older JAX; may lack "flops"
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    xla_flops = float(cost["flops"]) if cost and "flops" in cost else None
+
+    holder = {"state": state}
+
+    def one_step():
+      holder["state"], metrics = step(holder["state"], batch, rng)
+      return holder["state"], metrics
+
+    time_calls(one_step, _WARMUP.value)
+    # Steps and peak matmuls alternate, so that both see the same machine (a shared CPU's load
+    # changes within seconds).
+    peak_n = _PEAK_N.value or (2048 if jax.default_backend() == "cpu" else 8192)
+    dtype = model_config.dtype
+    matmul, matmul_flops = peak_matmul(dtype, peak_n, trainer.mesh)
+    step_times, peak_times = [], []
+    for i in range(max(_STEPS.value, _PEAK_REPEATS.value)):
+      if i < _STEPS.value:
+        step_times += time_calls(one_step, 1)
+      if i < _PEAK_REPEATS.value:
+        peak_times += time_calls(matmul, 1)
+
+    breakdown = {}
+    if _BREAKDOWN.value:
+      loss = functools.partial(
+          train.loss_and_metrics,
+          model=trainer.train_model,
+          label_smoothing=model_config.label_smoothing,
+      )
+      params = holder["state"].params
+      rngs = {"dropout": rng}
+      forward = jax.jit(lambda p, b: loss(p, b, rngs=rngs)[0])
+      backward = jax.jit(lambda p, b: jax.grad(lambda q: loss(q, b, rngs=rngs)[0])(p))
+      for name, fn in (("forward_s", forward), ("forward_backward_s", backward)):
+        call = functools.partial(fn, params, batch)
+        jax.block_until_ready(call())  # compile
+        breakdown[name] = round(statistics.median(time_calls(call, 5)), 5)
+
+  peak = matmul_flops / statistics.median(peak_times)
+  step_s = statistics.median(step_times)
+  flops = model_flops_per_step(model_config, rows, source_len, target_len)
+  achieved = flops / step_s
+  devices = trainer.mesh.devices
+  print(
+      json.dumps({
+          "benchmark": "train_step_throughput",
+          "device": f"{devices.size}x {devices.flat[0].device_kind}",
+          "backend": jax.default_backend(),
+          "dtype": np.dtype(dtype).name,
+          "mesh": dict(trainer.mesh.shape),
+          "sharding_rules": config.sharding_rules,
+          "batch": source,
+          "batch_shape": [rows, source_len, target_len],
+          "target_tokens_per_step": target_tokens,
+          "model": {
+              "layers": model_config.num_layers,
+              "d_model": model_config.d_model,
+              "heads": model_config.num_heads,
+              "d_ff": model_config.d_ff,
+              "vocab": vocab_size,
+              "attention_impl": model_config.attention_impl,
+              "remat_policy": model_config.remat_policy,
+              "scan_layers": model_config.scan_layers,
+          },
+          "compile_s": round(compile_s, 2),
+          "step_time_s": round(step_s, 5),
+          "step_time_min_s": round(min(step_times), 5),
+          "tokens_per_s": round(target_tokens / step_s, 1),
+          "flops_per_step": flops,
+          "flops_count": "analytic matmul FLOPs (benchmarks/throughput.py docstring)",
+          "xla_flops_per_step": xla_flops,
+          "achieved_flops_per_s": round(achieved),
+          "peak_flops": round(peak),
+          "peak_matmul": f"{peak_n}x{peak_n}x{peak_n} {np.dtype(dtype).name}, per device x {devices.size}",
+          "mfu": round(achieved / peak, 4),
+          **breakdown,
+      })
+  )
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,226 @@
+"""Multi-process training: two processes with 2 CPU devices each equal one process with 4.
+
+The test launches this file as a script three times at once: two workers joined by
+`jax.distributed.initialize` (through `config.distributed`, with gloo CPU collectives) and one
+single-process reference with 4 fake devices. All train the same tiny config for a few steps on
+a (fsdp=2, tensor=2) mesh with FSDP rules, so parameters are split across the two processes and
+each process feeds only its half of every global batch. The two-process job also writes an Orbax
+checkpoint collectively, which this (pytest) process then restores onto one device.
+"""
+
+import argparse
+import math
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+VOCAB = 200
+STEPS = 3
+TIMEOUT_S = 420
+
+
+def tiny_config():
+  from configs import quickstart
+
+  config = quickstart.get_config("smoke")
+  config.model.d_model = 32
+  config.model.num_heads = 4
+  config.model.num_layers = 1
+  config.model.d_ff = 64
+  config.model.max_len = 32
+  config.data.max_len = 24
+  config.data.num_buckets = 1  # one batch shape: one compilation
+  config.data.tokens_per_batch = 384  # 16 rows of 24
+  config.data.synthetic_train_size = 400
+  config.data.synthetic_eval_size = 16
+  config.train.warmup_steps = 10
+  config.train.adam_eps = 1.0  # updates proportional to gradients (see test_sharding.py)
+  config.train.lr_multiplier = 100.0
+  config.mesh = {"data": 1, "fsdp": 2, "tensor": 2}
+  config.sharding_rules = "fsdp"
+  return config
+
+
+# ----------------------------------------------------------------------------- the worker
+
+
+def worker(args):
+  """One process of the job (or the whole single-process reference). Writes, from process 0,
+  `{out}/{name}.npz`: every parameter (gathered from all processes) and the step losses."""
+  import jax
+  from jax.experimental import multihost_utils
+
+  from transformer_jax import checkpoint, distributed, train
+  from transformer_jax import config as config_lib
+  from transformer_jax.data import batching, pipeline
+
+  config = tiny_config()
+  if args.num_processes > 1:
+    config.distributed.enabled = True
+    config.distributed.coordinator_address = f"127.0.0.1:{args.port}"
+    config.distributed.num_processes = args.num_processes
+    config.distributed.process_id = args.process_id
+  config_lib.validate(config)
+  distributed.initialize(config)
+  assert jax.process_count() == args.num_processes and jax.device_count() == 4
+
+  dataset = pipeline.load_dataset(config)
+  trainer = train.Trainer(config, config_lib.model_config(config, VOCAB))
+  train_iter = batching.BatchIterator(  # as train.run builds it
+      dataset.splits["train"].examples,
+      seed=config.seed,
+      bucket_lengths=dataset.bucket_lengths(config.data),
+      tokens_per_batch=config.data.tokens_per_batch,
+      batch_multiple=math.lcm(trainer.num_batch_shards, jax.process_count()),
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+  )
+  state = trainer.init_state(config.seed)
+  rng = jax.random.PRNGKey(1)
+  losses = []
+  for _ in range(STEPS):
+    batch = next(train_iter)
+    assert batch["inputs"].shape[0] == 16 // jax.process_count()  # this process's rows only
+    state, metrics = trainer.train_step(state, batch, rng)
+    losses.append(float(metrics["loss_sum"]))
+
+  if args.checkpoint_dir:
+    manager = checkpoint.make_manager(args.checkpoint_dir, keep=1, save_every=1)
+    checkpoint.save(manager, STEPS, state, train_iter.get_state(), force=True)
+    manager.wait_until_finished()
+    manager.close()
+
+  # Parameters are sharded across processes: gather the global values on every process.
+  params = multihost_utils.process_allgather(state.params, tiled=True)
+  if jax.process_index() == 0:
+    flat = {
+        jax.tree_util.keystr(path): np.asarray(x)
+        for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    np.savez(os.path.join(args.out, f"{args.name}.npz"), losses=np.asarray(losses), **flat)
+
+
+# ----------------------------------------------------------------------------- the test
+
+
+def free_port() -> int:
+  try:
+    import portpicker
+
+    return portpicker.pick_unused_port()
+  except ImportError:
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      return s.getsockname()[1]
+
+
+def launch(out, name, num_devices, num_processes=1, process_id=0, port=0, checkpoint_dir=""):
+  env = {
+      **os.environ,
+      "JAX_PLATFORMS": "cpu",
+      # Level 0 roughly halves XLA:CPU compile time; both sides of the comparison use it.
+      "XLA_FLAGS": f"--xla_force_host_platform_device_count={num_devices} "
+      "--xla_backend_optimization_level=0",
+      "PYTHONPATH": str(REPO),
+  }
+  command = [
+      sys.executable, __file__, "--out", str(out), "--name", name,
+      "--num_processes", str(num_processes), "--process_id", str(process_id),
+      "--port", str(port), "--checkpoint_dir", checkpoint_dir,
+  ]  # fmt: skip
+  return subprocess.Popen(
+      command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
+
+
+def wait_all(procs):
+  logs = {}
+  try:
+    for name, proc in procs.items():
+      logs[name], _ = proc.communicate(timeout=TIMEOUT_S)
+  finally:
+    for proc in procs.values():  # only the processes this test started
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  for name, proc in procs.items():
+    assert proc.returncode == 0, f"{name} failed:\n{logs.get(name, '')[-4000:]}"
+
+
+def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
+  import jax
+
+  from transformer_jax import checkpoint, train
+  from transformer_jax import config as config_lib
+
+  port = free_port()
+  ckpt = str(tmp_path / "checkpoints")
+  procs = {
+      f"process_{i}": launch(
+          tmp_path, "two_processes", 2, num_processes=2, process_id=i, port=port,
+          checkpoint_dir=ckpt,
+      )
+      for i in range(2)
+  }  # fmt: skip
+  procs["reference"] = launch(tmp_path, "one_process", 4)
+  wait_all(procs)
+
+  two = np.load(tmp_path / "two_processes.npz")
+  one = np.load(tmp_path / "one_process.npz")
+  assert set(two.files) == set(one.files) and len(one.files) > 10
+  np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-6)
+  for key in one.files:
+    np.testing.assert_allclose(two[key], one[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+  # The checkpoint the two processes wrote together restores on one device to the same values.
+  config = tiny_config()
+  config.mesh = {"data": 1, "fsdp": 1, "tensor": 1}
+  trainer = train.Trainer(
+      config, config_lib.model_config(config, VOCAB), devices=jax.devices()[:1]
+  )
+  manager = checkpoint.make_manager(ckpt, keep=1, save_every=1)
+  state, data_state = checkpoint.restore(manager, trainer.abstract_state())
+  manager.close()
+  assert int(state.step) == STEPS and data_state["batch"] == STEPS
+  restored = {
+      jax.tree_util.keystr(path): np.asarray(x)
+      for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]
+  }
+  for key, value in restored.items():
+    np.testing.assert_array_equal(value, two[key], err_msg=key)
+
+
+def test_distributed_config_is_validated_and_off_by_default():
+  import pytest
+
+  from transformer_jax import config as config_lib
+  from transformer_jax import distributed
+
+  config = tiny_config()
+  assert distributed.initialize(config) is False  # enabled=False: a single-process run
+  for key, value, expected in [
+      ("process_id", 2, "distributed.process_id"),
+      ("coordinator_address", "localhost", "distributed.coordinator_address"),
+      ("cpu_collectives", "nccl", "distributed.cpu_collectives"),
+  ]:
+    bad = tiny_config()
+    bad.distributed.num_processes = 2
+    bad.distributed[key] = value
+    with pytest.raises(config_lib.ConfigError, match=expected):
+      config_lib.validate(bad)
+
+
+if __name__ == "__main__":
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--name", required=True)
+  parser.add_argument("--num_processes", type=int, default=1)
+  parser.add_argument("--process_id", type=int, default=0)
+  parser.add_argument("--port", type=int, default=0)
+  parser.add_argument("--checkpoint_dir", default="")
+  worker(parser.parse_args())
