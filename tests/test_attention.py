@@ -6,8 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.attention import (MultiHeadAttention, causal_mask, combine_masks,
-                                       dot_product_attention, padding_mask, segment_mask)
+from transformer_jax.attention import (
+  MultiHeadAttention,
+  causal_mask,
+  combine_masks,
+  dot_product_attention,
+  padding_mask,
+  segment_mask,
+)
 from transformer_jax.model import TransformerConfig
 
 B, Q, K, H, D = 2, 3, 5, 2, 4  # batch, query length, key length, heads, head dim

@@ -7,8 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from transformer_jax.data.batching import (BatchIterator, eval_batches, make_bucket_lengths,
-                                           padding_efficiency)
+from transformer_jax.data.batching import (
+  BatchIterator,
+  eval_batches,
+  make_bucket_lengths,
+  padding_efficiency,
+)
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 BUCKETS = (8, 16, 24, 32)

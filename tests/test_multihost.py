@@ -25,20 +25,10 @@ TIMEOUT_S = 420
 
 
 def tiny_config():
-  from configs import quickstart
+  from testing import tiny_train_config
 
-  config = quickstart.get_config("smoke")
-  config.model.d_model = 32
-  config.model.num_heads = 4
-  config.model.num_layers = 1
-  config.model.d_ff = 64
-  config.model.max_len = 32
-  config.data.max_len = 24
-  config.data.num_buckets = 1  # one batch shape: one compilation
+  config = tiny_train_config()
   config.data.tokens_per_batch = 384  # 16 rows of 24
-  config.data.synthetic_train_size = 400
-  config.data.synthetic_eval_size = 16
-  config.train.warmup_steps = 10
   config.train.adam_eps = 1.0  # updates proportional to gradients (see test_sharding.py)
   config.train.lr_multiplier = 100.0
   config.mesh = {"data": 1, "fsdp": 2, "tensor": 2}

@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec
+from testing import tiny_train_config
 
-from configs import quickstart
 from transformer_jax import checkpoint, sharding, train
 from transformer_jax import config as config_lib
 from transformer_jax.data import batching, pipeline
@@ -22,17 +22,7 @@ STEPS = 2
 
 
 def tiny_config(mesh=None, rules="data_parallel"):
-  config = quickstart.get_config("smoke")
-  config.model.d_model = 32
-  config.model.num_heads = 4
-  config.model.num_layers = 1
-  config.model.d_ff = 64
-  config.model.max_len = 32
-  config.data.max_len = 24
-  config.data.tokens_per_batch = 512
-  config.data.synthetic_train_size = 400
-  config.data.synthetic_eval_size = 16
-  config.train.warmup_steps = 10
+  config = tiny_train_config()
   # A large Adam ε makes an update proportional to the gradient (not ~lr·sign(g)), so comparing
   # weights after a step compares gradients, without amplifying float32 reduction-order noise.
   config.train.adam_eps = 1.0

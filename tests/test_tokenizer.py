@@ -5,8 +5,16 @@ import pytest
 import sentencepiece as spm
 
 from transformer_jax.data import synthetic
-from transformer_jax.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceTokenizer,
-                                            WordTokenizer, load_tokenizer, train_sentencepiece)
+from transformer_jax.data.tokenizer import (
+  BOS_ID,
+  EOS_ID,
+  PAD_ID,
+  UNK_ID,
+  SentencePieceTokenizer,
+  WordTokenizer,
+  load_tokenizer,
+  train_sentencepiece,
+)
 
 
 def test_reserved_ids_are_distinct_and_first():

@@ -10,31 +10,17 @@ import sys
 import jax
 import numpy as np
 import pytest
+from testing import tiny_train_config
 
-from configs import quickstart
-from transformer_jax import checkpoint
+from transformer_jax import checkpoint, train
 from transformer_jax import config as config_lib
-from transformer_jax import train
 from transformer_jax.data import batching, pipeline
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def tiny_config(**train_overrides):
-  config = quickstart.get_config("smoke")
-  config.model.d_model = 32
-  config.model.num_heads = 4
-  config.model.num_layers = 1
-  config.model.d_ff = 64
-  config.model.max_len = 32
-  config.data.max_len = 24
-  config.data.bucket_step = 24  # a single bucket: one compiled shape per step function
-  config.data.tokens_per_batch = 512
-  config.data.synthetic_train_size = 400
-  config.data.synthetic_eval_size = 16
-  config.eval.batch_size = 16
-  config.eval.num_sentences = 16
-  config.train.warmup_steps = 10
+  config = tiny_train_config()
   for key, value in train_overrides.items():
     config.train[key] = value
   return config

@@ -25,3 +25,25 @@ def random_params(config, seed=0):
     return jnp.asarray(value, shape.dtype)
 
   return jax.tree_util.tree_map_with_path(fill, shapes["params"])
+
+
+def tiny_train_config():
+  """The quickstart smoke config shrunk for tests: 1 layer, d_model 32, 400 synthetic pairs and a
+  single bucket of 24 tokens (one compiled shape per step function)."""
+  from configs import quickstart
+
+  config = quickstart.get_config("smoke")
+  config.model.d_model = 32
+  config.model.num_heads = 4
+  config.model.num_layers = 1
+  config.model.d_ff = 64
+  config.model.max_len = 32
+  config.data.max_len = 24
+  config.data.num_buckets = 1
+  config.data.tokens_per_batch = 512
+  config.data.synthetic_train_size = 400
+  config.data.synthetic_eval_size = 16
+  config.eval.batch_size = 16
+  config.eval.num_sentences = 16
+  config.train.warmup_steps = 10
+  return config

@@ -14,6 +14,7 @@ from absl import app, flags
 
 from transformer_jax import checkpoint, translate
 
+
 def _define_flags():
   # Defined only when run as a program, so importing this module defines no flags.
   flags.DEFINE_string("workdir", None, "The training run's --workdir.")

@@ -26,11 +26,10 @@ import numpy as np
 import optax
 import tqdm
 
-from transformer_jax import checkpoint, distributed, sharding
+from transformer_jax import checkpoint, distributed, losses, optim, sharding
 from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
 from transformer_jax import evaluate as evaluate_lib
-from transformer_jax import losses, optim
 from transformer_jax.data import batching, pipeline
 from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.model import Transformer, TransformerConfig
