@@ -383,6 +383,7 @@ def run(
   model_config = config_lib.model_config(config, tokenizer.vocab_size)
   trainer = Trainer(config, model_config, devices)
   buckets = dataset.bucket_lengths(config.data)
+  eval_buckets = dataset.eval_bucket_lengths(config.data)
   train_iter = batching.BatchIterator(
       dataset.splits["train"].examples,
       seed=config.seed,
@@ -465,7 +466,9 @@ def run(
       interval_start = time.perf_counter()
 
     if config.train.eval_every and step % config.train.eval_every == 0 and step != num_steps:
-      _periodic_eval(trainer, state.params, bleu_subset, bleu_refs, buckets, tokenizer, log, step)
+      _periodic_eval(
+          trainer, state.params, bleu_subset, bleu_refs, eval_buckets, tokenizer, log, step
+      )
       interval_start = time.perf_counter()
 
     if checkpoint.save(manager, step, state, train_iter.get_state(), force=step == num_steps):
@@ -481,7 +484,7 @@ def run(
     )
     checkpoint.save_averaged(workdir, params, steps)
     evaluated = f"average of steps {steps}"
-  results = final_evaluation(trainer, params, dataset, buckets, workdir)
+  results = final_evaluation(trainer, params, dataset, eval_buckets, workdir)
   results.update(
       parameters=evaluated,
       step=int(state.step),

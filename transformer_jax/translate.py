@@ -23,7 +23,7 @@ from absl import app, flags
 
 from transformer_jax import checkpoint
 from transformer_jax import config as config_lib
-from transformer_jax.data import batching, pipeline
+from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import Tokenizer
 
 
@@ -106,9 +106,7 @@ def translate_lines(run: LoadedRun, lines: list[str]) -> list[str]:
     where.append(number - 1)
   out = [""] * len(lines)
   if examples:
-    buckets = batching.make_bucket_lengths(
-        run.config.data.max_len, multiple=run.config.data.bucket_step
-    )
+    buckets = pipeline.eval_bucket_lengths(run.config.data)
     for i, hyp in zip(where, run.trainer.translate(run.params, examples, buckets, run.tokenizer)):
       out[i] = hyp
   return out

@@ -64,6 +64,19 @@ class Dataset:
         multiple=data_config.bucket_step,
     )
 
+  def eval_bucket_lengths(self, data_config: ml_collections.ConfigDict) -> tuple[int, ...]:
+    return eval_bucket_lengths(data_config)
+
+
+def eval_bucket_lengths(data_config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  """At most 8 lengths, multiples of 8: evaluation and translation compile a program per shape
+  (beam search costs seconds each), while padding there only costs a little decoding time."""
+  return batching.make_bucket_lengths(
+      data_config.max_len,
+      num_buckets=min(data_config.get("num_buckets", 8), 8),
+      multiple=max(data_config.bucket_step, 8),
+  )
+
 
 def load_dataset(config: ml_collections.ConfigDict, workdir: str | None = None) -> Dataset:
   """Reads the configured source, gets the workdir's vocabulary (or makes it) and tokenizes.
