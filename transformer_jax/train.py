@@ -515,7 +515,9 @@ def final_evaluation(trainer: Trainer, params, dataset, buckets, workdir: str) -
   hypotheses = trainer.translate(params, test_split.examples, buckets, dataset.tokenizer)
   references = [t for _, t in test_split.pairs]
   bleu = evaluate_lib.corpus_bleu(hypotheses, references)
-  tok_bleu = evaluate_lib.tokenized_bleu(hypotheses, references, trainer.config.data.target_lang)
+  lang = trainer.config.data.target_lang
+  tok_bleu = evaluate_lib.tokenized_bleu(hypotheses, references, lang)
+  tok_bleu_lc = evaluate_lib.tokenized_bleu(hypotheses, references, lang, lowercase=True)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "test_translations.txt"), "w") as f:
       f.writelines(h + "\n" for h in hypotheses)
@@ -527,6 +529,7 @@ def final_evaluation(trainer: Trainer, params, dataset, buckets, workdir: str) -
       "test_bleu": float(bleu.score),
       "test_bleu_signature": str(bleu),
       "test_tokenized_bleu": float(tok_bleu.score),
+      "test_tokenized_bleu_lowercase": float(tok_bleu_lc.score),
       "test_sentences": len(references),
       "decoding": (
           "greedy"
