@@ -9,6 +9,7 @@ Multi-host: run the same command on every host with `--config.distributed.enable
 """
 
 import logging
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -29,8 +30,12 @@ def main(argv):
       lambda record: record.levelno >= logging.WARNING or "orbax" not in record.pathname
   )
   from transformer_jax import train  # after flag parsing: keeps --help fast
+  from transformer_jax.config import ConfigError
 
-  train.run(_CONFIG.value, _WORKDIR.value)
+  try:
+    train.run(_CONFIG.value, _WORKDIR.value)
+  except ConfigError as e:  # a wrong value: say which, without a traceback
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
