@@ -15,7 +15,7 @@ Hardware and time: a steady-state training step costs 6.3 CPU-seconds, i.e. 3.4-
 time on an idle 2-core CPU (measured on a 2-vCPU Xeon; 6.2 s when another process holds one
 core). 750 steps then fit in about 55 minutes together with the one-time compilations (one per
 batch shape, ~12 shapes at ~20 s each) and periodic evaluation; the final evaluation
-decoding of the 1000 test sentences with beam 4) adds about 7 minutes.
+(decoding the 1000 test sentences with beam 4) adds about 7 minutes.
 
 Data: `../shared/data/multi30k` beside the repository (train/valid/test.{en,de}, raw, cased);
 point elsewhere with `--config.data.path=DIR`. Multi30k: Elliott, Frank, Sima'an and Specia,
