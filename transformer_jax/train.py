@@ -260,8 +260,8 @@ class Trainer:
     with self._context():
       for batch in self._eval_batches(examples, bucket_lengths):
         inputs = self.to_global({"inputs": batch["inputs"]})["inputs"]
-        tokens = _to_host(self._predict(params, inputs))
-        index = _gather_index(batch["index"])
+        tokens = _gather(self._predict(params, inputs))
+        index = _gather(batch["index"])
         for row, i in enumerate(index):
           if i >= 0:
             out[i] = tokenizer.decode(tokens[row].tolist())
@@ -295,20 +295,13 @@ def _round_up(x: int, multiple: int) -> int:
   return -(-x // multiple) * multiple
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
+def _gather(x) -> np.ndarray:
+  """A global jax.Array or this process's numpy rows -> the whole array on every host."""
   if jax.process_count() == 1:
     return np.asarray(jax.device_get(x))
   from jax.experimental import multihost_utils
 
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def _gather_index(local_index: np.ndarray) -> np.ndarray:
-  if jax.process_count() == 1:
-    return local_index
-  from jax.experimental import multihost_utils
-
-  return np.asarray(multihost_utils.process_allgather(local_index, tiled=True))
 
 
 # ----------------------------------------------------------------------------- logging
