@@ -19,7 +19,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's --workdir.", required=True)
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line (default: test split).")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "A step number, 'latest' or 'avg'.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "auto", "A step number, 'latest', 'avg' or 'auto' (see translate.load_run)."
+)
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size for the beam-search measurement.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed passes per mode (the median is reported).")
 

@@ -153,6 +153,23 @@ def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch):
   assert straight[5] == resumed[5] and straight[6] == resumed[6]
 
 
+def test_time_budget_stops_with_a_checkpoint_and_the_next_session_resumes(tmp_path):
+  # A budget this small is spent at the first check (every log_every = 2 steps).
+  config = tiny_config(num_steps=6, checkpoint_every=100, log_every=2, max_train_minutes=1e-9)
+  workdir = str(tmp_path)
+  results = train.run(config, workdir, devices=jax.devices()[:1])
+  assert results["step"] == 2 and results["stopped_by"] == "train.max_train_minutes"
+  assert _final_params(workdir)[0].step == 2  # checkpointed where it stopped, off the interval
+
+  results = train.run(config, workdir, devices=jax.devices()[:1])  # a new session, a new budget
+  assert results["step"] == 4
+
+  config.train.max_train_minutes = 0.0  # no budget: runs to num_steps
+  results = train.run(config, workdir, devices=jax.devices()[:1])
+  assert results["step"] == 6 and results["stopped_by"] == "train.num_steps"
+  assert sorted(_train_losses(workdir)) == [2, 4, 6]
+
+
 def test_resume_with_a_different_model_is_refused(tmp_path):
   config = tiny_config(num_steps=1)
   workdir = str(tmp_path)

@@ -1,6 +1,8 @@
 """Checkpoint averaging and the translate CLI, on a tiny run trained for a few steps."""
 
+import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -8,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import average, checkpoint, train, translate
+from transformer_jax import average, checkpoint, train, translate, tune_decoding
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -41,6 +43,17 @@ def test_average_of_checkpoints_is_the_mean_of_their_params(trained_run):
   np.testing.assert_allclose(leaf(saved3), sum(leaf(t) for t in three) / 3, rtol=1e-6)
   with pytest.raises(ValueError, match="holds 3"):
     average.average_workdir(str(workdir), 5)
+
+
+def test_default_checkpoint_is_what_the_final_evaluation_used(trained_run, tmp_path):
+  workdir, _ = trained_run
+  run = translate.load_run(str(workdir), beam_size=1)  # "auto"; the run averages (average_last)
+  assert run.checkpoint.startswith("average of steps") and run.checkpoint.endswith("4]")
+  # An average that misses the latest checkpoint is stale: "auto" falls back to the latest.
+  stale = tmp_path / "stale"
+  shutil.copytree(workdir, stale)
+  (stale / checkpoint.AVERAGED_DIR / "steps.json").write_text('{"steps": [2, 3]}')
+  assert translate.load_run(str(stale), beam_size=1).checkpoint == "step 4"
 
 
 def test_translate_lines_keeps_order_empty_lines_and_truncates(trained_run, caplog):
@@ -80,3 +93,16 @@ def test_translate_without_checkpoint_fails_clearly(tmp_path):
   )
   assert proc.returncode == 1
   assert "no config.json" in proc.stderr
+
+
+def test_tune_decoding_picks_the_alpha_with_the_best_validation_bleu(trained_run):
+  workdir, _ = trained_run
+  result = tune_decoding.tune(str(workdir), [0.0, 1.0], beam_size=2)
+  assert [r["alpha"] for r in result["sweep"]] == [0.0, 1.0]
+  valid = [r["valid_bleu"] for r in result["sweep"]]
+  assert result["best_alpha"] == (0.0 if valid[0] >= valid[1] else 1.0)  # ties: the smaller α
+  assert json.loads((workdir / "decoding_sweep.json").read_text()) == result
+  written = (workdir / "test_translations.tuned.txt").read_text().splitlines()
+  assert len(written) == result["test_sentences"]
+  with pytest.raises(ValueError, match=">= 0"):
+    tune_decoding.tune(str(workdir), [-1.0])

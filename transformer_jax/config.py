@@ -75,6 +75,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 5
   c.train.eval_every = 0  # 0 = evaluate only at the end
   c.train.average_last = 0  # §6.1: final evaluation on the mean of the last N checkpoints; 0 = off
+  # Wall-clock budget for this session's training loop (compilation, periodic evaluation and
+  # checkpointing included; the final evaluation not). Checked every `log_every` steps; when it is
+  # spent the run checkpoints and stops early, before `num_steps`. 0 = no budget.
+  c.train.max_train_minutes = 0.0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.batch_size = 64  # sentences per evaluation batch, summed over devices
@@ -177,6 +181,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "train.average_last",
       f"must be in [0, train.keep_checkpoints={t.keep_checkpoints}]: only kept checkpoints average",
   )
+  check(t.max_train_minutes >= 0, "train.max_train_minutes", "must be >= 0 (0 = no budget)")
   check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
   check(e.num_sentences >= 1, "eval.num_sentences", "must be >= 1")
   check(e.max_decode_extra >= 1, "eval.max_decode_extra", "must be >= 1")

@@ -452,6 +452,7 @@ def run(
           target_tokens_per_s=interval_tokens / elapsed,
           steps_per_s=interval_steps / elapsed,
           padding_efficiency=float(np.mean(padding)),
+          elapsed_s=round(time.perf_counter() - train_start, 1),  # wall time this session
       )
       log.write(step, "train", values)
       progress.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['learning_rate']:.2e}")
@@ -460,12 +461,24 @@ def run(
 
     if config.train.eval_every and step % config.train.eval_every == 0 and step != num_steps:
       _periodic_eval(
-          trainer, state.params, bleu_subset, bleu_refs, eval_buckets, tokenizer, log, step
+          trainer, state.params, bleu_subset, bleu_refs, eval_buckets, tokenizer, log, step,
+          elapsed_s=round(time.perf_counter() - train_start, 1),
       )
       interval_start = time.perf_counter()
 
-    if checkpoint.save(manager, step, state, train_iter.get_state(), force=step == num_steps):
+    out_of_time = step % config.train.log_every == 0 and _budget_spent(
+        config.train.max_train_minutes, train_start
+    )
+    if checkpoint.save(
+        manager, step, state, train_iter.get_state(), force=step == num_steps or out_of_time
+    ):
       interval_start = time.perf_counter()  # keep save time out of throughput figures
+    if out_of_time:
+      logging.info(
+          "train.max_train_minutes=%g spent: stopping at step %d of %d",
+          config.train.max_train_minutes, step, num_steps,
+      )
+      break
   progress.close()
   train_seconds = time.perf_counter() - train_start
   manager.wait_until_finished()
@@ -483,6 +496,7 @@ def run(
       step=int(state.step),
       num_params=int(num_params),
       train_seconds_this_session=round(train_seconds, 1),
+      stopped_by="train.num_steps" if int(state.step) >= num_steps else "train.max_train_minutes",
   )
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "results.json"), "w") as f:
@@ -492,10 +506,26 @@ def run(
   return results
 
 
-def _periodic_eval(trainer, params, examples, references, buckets, tokenizer, log, step):
+def _budget_spent(max_minutes: float, start: float) -> bool:
+  """Whether this session's training budget is spent; every process gets process 0's answer."""
+  if not max_minutes:
+    return False
+  spent = time.perf_counter() - start >= 60.0 * max_minutes
+  if jax.process_count() == 1:
+    return spent
+  from jax.experimental import multihost_utils
+
+  # Clocks differ between hosts: all must stop at the same step, or the collectives hang.
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(spent)))
+
+
+def _periodic_eval(
+    trainer, params, examples, references, buckets, tokenizer, log, step, elapsed_s
+):
   values = trainer.evaluate_loss(params, examples, buckets)
   hypotheses = trainer.translate(params, examples, buckets, tokenizer)
   values["bleu"] = evaluate_lib.corpus_bleu(hypotheses, references).score
+  values["elapsed_s"] = elapsed_s
   log.write(step, "eval", values)
   for hyp, ref in list(zip(hypotheses, references))[:3]:
     logging.info("  hyp: %s\n  ref: %s", hyp, ref)

@@ -1,6 +1,6 @@
 """Translate with a trained run: one line in, one line out, in order.
 
-  python -m transformer_jax.translate --workdir DIR [--checkpoint STEP|latest|avg]
+  python -m transformer_jax.translate --workdir DIR [--checkpoint auto|STEP|latest|avg]
       [--beam_size 4] [--alpha 0.6] < input.txt > output.txt
   python -m transformer_jax.translate --workdir DIR --input in.txt --output out.txt
 
@@ -59,17 +59,34 @@ def load_trainer(workdir: str, beam_size=None, alpha=None):
   return config, tokenizer, train.Trainer(config, model_config)
 
 
-def load_run(workdir: str, which: str = "latest", beam_size=None, alpha=None) -> LoadedRun:
+def averaged_steps(workdir: str) -> list[int] | None:
+  """The steps `workdir`'s averaged checkpoint (§6.1) was made from, or None if it has none."""
+  path = os.path.join(workdir, checkpoint.AVERAGED_DIR, "steps.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)["steps"]
+
+
+def load_run(workdir: str, which: str = "auto", beam_size=None, alpha=None) -> LoadedRun:
   """Config, vocabulary and parameters of the training run in `workdir`.
 
-  `which`: "latest", a step number, or "avg" (the averaged checkpoint, §6.1).
+  `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto": what the
+  run's final evaluation used, i.e. the average when the run averages (train.average_last) and
+  the average includes the latest checkpoint, else the latest checkpoint.
   """
   config, tokenizer, trainer = load_trainer(workdir, beam_size, alpha)
   abstract = trainer.abstract_state()
+  if which == "auto":
+    manager = checkpoint.make_manager(workdir, keep=1, save_every=1)
+    latest = manager.latest_step()
+    manager.close()
+    steps = averaged_steps(workdir)
+    current = steps is not None and latest is not None and max(steps) == latest
+    which = "avg" if config.train.average_last and current else "latest"
   if which == "avg":
     params = checkpoint.load_averaged(workdir, abstract.params)
-    with open(os.path.join(workdir, checkpoint.AVERAGED_DIR, "steps.json")) as f:
-      label = f"average of steps {json.load(f)['steps']}"
+    label = f"average of steps {averaged_steps(workdir)}"
   else:
     manager = checkpoint.make_manager(workdir, keep=1, save_every=1)
     steps = manager.all_steps()
@@ -115,7 +132,10 @@ def translate_lines(run: LoadedRun, lines: list[str]) -> list[str]:
 def _define_flags():
   # Defined only when run as a program, so importing this module defines no flags.
   flags.DEFINE_string("workdir", None, "The training run's --workdir.")
-  flags.DEFINE_string("checkpoint", "latest", "A step number, 'latest' or 'avg'.")
+  flags.DEFINE_string(
+      "checkpoint", "auto", "A step number, 'latest', 'avg', or 'auto' (what the run's final "
+      "evaluation used: the average when train.average_last is set, else the latest)."
+  )
   flags.DEFINE_integer("beam_size", None, "Beam size (1 = greedy); default: the run's.")
   flags.DEFINE_float("alpha", None, "Length penalty α; default: the run's.")
   flags.DEFINE_string("input", None, "Input file (default: standard input).")
