@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags
 
-from transformer_jax import checkpoint, translate
+from transformer_jax import checkpoint, cli, translate
 
 
 def _define_flags():
@@ -34,12 +34,9 @@ def average_workdir(workdir: str, num: int) -> list[int]:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  args = flags.FLAGS
-  if not args.workdir or args.num < 1:
-    raise app.UsageError("--workdir is required and --num must be >= 1")
-  logging.getLogger().setLevel(logging.INFO)
+  args = cli.workdir_args(argv)
+  if args.num < 1:
+    raise app.UsageError(f"--num={args.num}: must be >= 1")
   try:
     steps = average_workdir(args.workdir, args.num)
   except (FileNotFoundError, ValueError) as e:

@@ -21,7 +21,7 @@ import jax
 import ml_collections
 from absl import app, flags
 
-from transformer_jax import checkpoint
+from transformer_jax import checkpoint, cli
 from transformer_jax import config as config_lib
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import Tokenizer
@@ -143,12 +143,7 @@ def _define_flags():
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  args = flags.FLAGS
-  if not args.workdir:
-    raise app.UsageError("--workdir is required")
-  logging.getLogger().setLevel(logging.INFO)
+  args = cli.workdir_args(argv)
   try:
     run = load_run(args.workdir, args.checkpoint, args.beam_size, args.alpha)
   except (FileNotFoundError, ValueError) as e:

@@ -20,7 +20,7 @@ import sys
 
 from absl import app, flags
 
-from transformer_jax import evaluate, translate
+from transformer_jax import cli, evaluate, translate
 from transformer_jax.data import pipeline
 
 
@@ -84,12 +84,7 @@ def tune(workdir: str, alphas: list[float], beam_size=None, which: str = "auto")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  args = flags.FLAGS
-  if not args.workdir:
-    raise app.UsageError("--workdir is required")
-  logging.getLogger().setLevel(logging.INFO)
+  args = cli.workdir_args(argv)
   try:
     alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
   except ValueError:

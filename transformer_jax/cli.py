@@ -1,0 +1,18 @@
+"""What the command-line tools that act on a training run's --workdir share."""
+
+from __future__ import annotations
+
+import logging
+
+from absl import app, flags
+
+
+def workdir_args(argv: list[str]) -> flags.FlagValues:
+  """The parsed flags, after checking there are no stray arguments and --workdir is given."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
+  if not args.workdir:
+    raise app.UsageError("--workdir is required")
+  logging.getLogger().setLevel(logging.INFO)
+  return args
