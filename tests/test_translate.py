@@ -54,6 +54,11 @@ def test_default_checkpoint_is_what_the_final_evaluation_used(trained_run, tmp_p
   shutil.copytree(workdir, stale)
   (stale / checkpoint.AVERAGED_DIR / "steps.json").write_text('{"steps": [2, 3]}')
   assert translate.load_run(str(stale), beam_size=1).checkpoint == "step 4"
+  assert translate.load_run(str(workdir), "3", beam_size=1).checkpoint == "step 3"
+  with pytest.raises(ValueError, match="holds steps"):
+    translate.load_run(str(workdir), "1")  # not kept (keep_checkpoints=3)
+  with pytest.raises(ValueError, match="expected a step number"):
+    translate.load_run(str(workdir), "best")
 
 
 def test_translate_lines_keeps_order_empty_lines_and_truncates(trained_run, caplog):

@@ -75,32 +75,30 @@ def load_run(workdir: str, which: str = "auto", beam_size=None, alpha=None) -> L
   run's final evaluation used, i.e. the average when the run averages (train.average_last) and
   the average includes the latest checkpoint, else the latest checkpoint.
   """
+  if which not in ("auto", "latest", "avg") and not which.isdigit():
+    raise ValueError(f"--checkpoint={which!r}: expected a step number, 'latest', 'avg' or 'auto'")
   config, tokenizer, trainer = load_trainer(workdir, beam_size, alpha)
   abstract = trainer.abstract_state()
-  if which == "auto":
-    manager = checkpoint.make_manager(workdir, keep=1, save_every=1)
-    latest = manager.latest_step()
-    manager.close()
-    steps = averaged_steps(workdir)
-    current = steps is not None and latest is not None and max(steps) == latest
-    which = "avg" if config.train.average_last and current else "latest"
-  if which == "avg":
-    params = checkpoint.load_averaged(workdir, abstract.params)
-    label = f"average of steps {averaged_steps(workdir)}"
-  else:
-    manager = checkpoint.make_manager(workdir, keep=1, save_every=1)
+  with checkpoint.make_manager(workdir, keep=1, save_every=1) as manager:
     steps = manager.all_steps()
-    if not steps:
-      raise FileNotFoundError(
-          f"{workdir} has no checkpoint yet (checkpoints/ is empty): train first, or pass the "
-          "--workdir of a run that has saved one"
-      )
-    step = max(steps) if which == "latest" else int(which)
-    if step not in steps:
-      raise ValueError(f"--checkpoint={which}: {workdir} holds steps {sorted(steps)}")
-    params = checkpoint.restore(manager, abstract, step)[0].params
-    manager.close()
-    label = f"step {step}"
+    if which == "auto":
+      averaged = averaged_steps(workdir)
+      current = bool(averaged) and bool(steps) and max(averaged) == max(steps)
+      which = "avg" if config.train.average_last and current else "latest"
+    if which == "avg":
+      params = checkpoint.load_averaged(workdir, abstract.params)
+      label = f"average of steps {averaged_steps(workdir)}"
+    else:
+      if not steps:
+        raise FileNotFoundError(
+            f"{workdir} has no checkpoint yet (checkpoints/ is empty): train first, or pass the "
+            "--workdir of a run that has saved one"
+        )
+      step = max(steps) if which == "latest" else int(which)
+      if step not in steps:
+        raise ValueError(f"--checkpoint={which}: {workdir} holds steps {sorted(steps)}")
+      params = checkpoint.restore(manager, abstract, step)[0].params
+      label = f"step {step}"
   return LoadedRun(config, tokenizer, trainer, params, label)
 
 

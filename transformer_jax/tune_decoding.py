@@ -49,8 +49,12 @@ def tune(workdir: str, alphas: list[float], beam_size=None, which: str = "auto")
   valid, test = dataset.splits["eval"], dataset.splits["test"]
   lang = first.config.data.target_lang
 
+  runs = {alphas[0]: first}  # one loaded run per α: its compiled search is reused for test
+
   def decode(alpha, split):
-    run = first if alpha == alphas[0] else translate.load_run(workdir, which, beam_size, alpha)
+    if alpha not in runs:
+      runs[alpha] = translate.load_run(workdir, which, beam_size, alpha)
+    run = runs[alpha]
     return run.trainer.translate(run.params, split.examples, buckets, run.tokenizer)
 
   sweep = []
@@ -62,14 +66,15 @@ def tune(workdir: str, alphas: list[float], beam_size=None, which: str = "auto")
   best = max(sweep, key=lambda r: (r["valid_bleu"], -r["alpha"]))["alpha"]
   hypotheses = decode(best, test)
   references = [t for _, t in test.pairs]
+  test_scores = _score(hypotheses, references)
   result = {
       "workdir": workdir,
       "parameters": first.checkpoint,
       "beam_size": first.config.eval.beam_size,
       "sweep": sweep,
       "best_alpha": best,
-      "test_bleu": _score(hypotheses, references)["bleu"],
-      "test_length_ratio": _score(hypotheses, references)["length_ratio"],
+      "test_bleu": test_scores["bleu"],
+      "test_length_ratio": test_scores["length_ratio"],
       "test_tokenized_bleu": float(evaluate.tokenized_bleu(hypotheses, references, lang).score),
       "test_tokenized_bleu_lowercase": float(
           evaluate.tokenized_bleu(hypotheses, references, lang, lowercase=True).score
