@@ -169,6 +169,15 @@ def test_eval_batches_cover_every_example_once_in_fixed_shapes(examples):
   assert len(shapes) <= len(BUCKETS) and all(rows == 48 for rows, _ in shapes)
   index = np.concatenate([b["index"] for b in batches])
   assert sorted(index[index >= 0].tolist()) == list(range(len(examples)))
+  # Buckets share batches: as many batches as the rows need, filler rows only in the last one.
+  assert len(batches) == -(-len(examples) // 48)
+  assert all((b["index"] >= 0).all() for b in batches[:-1])
+  # Each batch is padded to the smallest bucket that holds its longest pair.
+  for batch in batches:
+    real = batch["index"] >= 0
+    longest = max(max(len(examples[i][0]), len(examples[i][1])) for i in batch["index"][real])
+    length = batch["inputs"].shape[1]
+    assert length == min(b for b in BUCKETS if b >= longest + 1)
   for batch in batches:
     for i, src_row, tgt_row in zip(batch["index"], batch["inputs"], batch["targets"]):
       if i < 0:

@@ -51,6 +51,19 @@ def test_make_schedule_counts_from_zero():
   assert float(schedule(0)) > 0.0  # the first update already moves the parameters
 
 
+def test_cooldown_scales_eq3_linearly_to_zero_over_the_last_steps():
+  num_steps, cooldown = 1000, 200
+  schedule = make_schedule(D_MODEL, 100, 0.5, num_steps=num_steps, cooldown_steps=cooldown)
+  for step in (1, 100, 500, 800):  # before the cool-down: Eq. 3 x multiplier, unchanged
+    assert float(schedule(step - 1)) == pytest.approx(0.5 * eq3(step, warmup=100), rel=1e-6)
+  for step in (801, 900, 999, 1000):  # the last 200 updates: x (num_steps - step + 1) / 200
+    want = 0.5 * eq3(step, warmup=100) * (num_steps - step + 1) / cooldown
+    assert float(schedule(step - 1)) == pytest.approx(want, rel=1e-5)
+  assert float(schedule(num_steps)) == 0.0  # past the end: nothing
+  plain = make_schedule(D_MODEL, 100, 0.5, num_steps=num_steps, cooldown_steps=0)
+  assert float(plain(999)) == pytest.approx(0.5 * eq3(1000, warmup=100), rel=1e-6)
+
+
 def hand_adam(grads, lrs, b1=0.9, b2=0.98, eps=1e-9):
   """Adam (Kingma & Ba) with bias correction, in float64; returns the update at each step."""
   m = v = np.zeros_like(grads[0], np.float64)

@@ -189,6 +189,7 @@ def test_resume_with_a_different_model_is_refused(tmp_path):
         ("data.source", "web", "data.source"),
         ("data.tokens_per_batch", 8, "data.tokens_per_batch"),
         ("train.warmup_steps", 0, "train.warmup_steps"),
+        ("train.cooldown_steps", 10**9, "train.cooldown_steps"),
         ("mesh.data", 0, "mesh.data"),
     ],
 )

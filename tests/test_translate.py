@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import average, checkpoint, train, translate, tune_decoding
+from transformer_jax.data import pipeline
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -75,6 +76,19 @@ def test_translate_lines_keeps_order_empty_lines_and_truncates(trained_run, capl
   # Same sentence alone or among others: same translation (order is restored after bucketing).
   assert translate.translate_lines(run, [lines[4]]) == [out[4]]
   assert train_pairs  # the run wrote its test translations
+
+
+def test_translations_do_not_depend_on_the_references(trained_run):
+  """The references' lengths choose no bucket, hence no output length limit (test-set leak)."""
+  workdir, _ = trained_run
+  run = translate.load_run(str(workdir), "latest", beam_size=2)
+  sources = [list(range(4, 4 + n)) for n in (3, 9, 1, 6)]
+  buckets = pipeline.eval_bucket_lengths(run.config.data)
+  short = [(s, [5]) for s in sources]
+  long = [(s, [5] * 20) for s in sources]
+  out = run.trainer.translate(run.params, short, buckets, run.tokenizer)
+  assert run.trainer.translate(run.params, long, buckets, run.tokenizer) == out
+  assert run.trainer.translate(run.params, [(s, []) for s in sources], buckets, run.tokenizer) == out
 
 
 def test_translate_cli(trained_run, tmp_path):

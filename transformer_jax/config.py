@@ -65,6 +65,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.num_steps = 100_000  # base model: 100k steps (§5.2)
   c.train.warmup_steps = 4000  # §5.3
   c.train.lr_multiplier = 1.0
+  # Not in the paper: the last cooldown_steps updates scale Eq. 3 linearly down to zero at
+  # train.num_steps (0: Eq. 3 alone). For short fixed budgets (configs/multi30k.py).
+  c.train.cooldown_steps = 0
   c.train.adam_b1 = 0.9
   c.train.adam_b2 = 0.98
   c.train.adam_eps = 1e-9
@@ -167,6 +170,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(t.num_steps >= 1, "train.num_steps", "must be >= 1")
   check(t.warmup_steps >= 1, "train.warmup_steps", "must be >= 1")
   check(t.lr_multiplier > 0, "train.lr_multiplier", "must be > 0")
+  check(0 <= t.cooldown_steps <= t.num_steps, "train.cooldown_steps",
+        f"must be in [0, train.num_steps={t.num_steps}]")
   check(0 <= t.adam_b1 < 1, "train.adam_b1", "must be in [0, 1)")
   check(0 <= t.adam_b2 < 1, "train.adam_b2", "must be in [0, 1)")
   check(t.adam_eps > 0, "train.adam_eps", "must be > 0")

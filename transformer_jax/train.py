@@ -169,7 +169,11 @@ class Trainer:
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     self.replicated = sharding.replicated(self.mesh)
     self.schedule = optim.make_schedule(
-        model_config.d_model, config.train.warmup_steps, config.train.lr_multiplier
+        model_config.d_model,
+        config.train.warmup_steps,
+        config.train.lr_multiplier,
+        num_steps=config.train.num_steps,
+        cooldown_steps=config.train.cooldown_steps,
     )
     self.optimizer = optim.make_optimizer(
         self.schedule,
@@ -255,10 +259,15 @@ class Trainer:
     return summarize(jax.device_get(sums))
 
   def translate(self, params, examples, bucket_lengths, tokenizer) -> list[str]:
-    """Translations of `examples`' sources (beam search, or greedy for beam 1), in order."""
+    """Translations of `examples`' sources (beam search, or greedy for beam 1), in order.
+
+    References are dropped first: the padded length, and with it the output length limit
+    (input length + eval.max_decode_extra), must depend on the source alone.
+    """
+    sources = [(source, []) for source, _ in examples]
     out: list[str] = [""] * len(examples)
     with self._context():
-      for batch in self._eval_batches(examples, bucket_lengths):
+      for batch in self._eval_batches(sources, bucket_lengths):
         inputs = self.to_global({"inputs": batch["inputs"]})["inputs"]
         tokens = _gather(self._predict(params, inputs))
         index = _gather(batch["index"])

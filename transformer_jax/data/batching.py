@@ -268,9 +268,11 @@ def eval_batches(examples: Sequence[Example], batch_size: int,
                  bucket_lengths: Sequence[int]) -> Iterator[Batch]:
   """Every example exactly once, in fixed shapes, with "index" [B] to restore order.
 
-  Examples are grouped by bucket (in their original order within a bucket);
-  each bucket's last batch is filled with all-PAD rows whose index is -1, so
-  jit sees at most len(bucket_lengths) shapes. Put outputs back in order with
+  Examples are ordered by bucket (in their original order within a bucket) and cut into
+  batches of `batch_size` rows; each batch is padded to the bucket of its longest member, so
+  jit sees at most len(bucket_lengths) shapes. Only the last batch has all-PAD filler rows
+  (index -1): decoding cost follows the number of sentences, not the number of buckets (200
+  sentences spread over 5 buckets used to decode 5 x 128 rows). Put outputs back in order with
   `out[batch["index"][i]] = prediction[i]` for rows with index >= 0.
   """
   if batch_size < 1:
@@ -280,14 +282,14 @@ def eval_batches(examples: Sequence[Example], batch_size: int,
     logging.warning("eval_batches: %d of %d pairs are longer than max_len=%d and were "
                     "truncated; raise the last bucket length to evaluate them whole.",
                     corpus.num_truncated, len(corpus), corpus.bucket_lengths[-1])
-  for b, length in enumerate(corpus.bucket_lengths):
-    members = np.flatnonzero(corpus.bucket == b)
-    for start in range(0, len(members), batch_size):
-      index = members[start:start + batch_size]
-      index = np.concatenate([index, np.full(batch_size - len(index), -1, index.dtype)])
-      batch = corpus.batch(index, length)
-      batch["index"] = index.astype(np.int32)
-      yield batch
+  order = np.argsort(corpus.bucket, kind="stable")
+  for start in range(0, len(order), batch_size):
+    index = order[start:start + batch_size]
+    length = corpus.bucket_lengths[corpus.bucket[index].max()]
+    index = np.concatenate([index, np.full(batch_size - len(index), -1, index.dtype)])
+    batch = corpus.batch(index, length)
+    batch["index"] = index.astype(np.int32)
+    yield batch
 
 
 def padding_efficiency(batch: Batch) -> float:
