@@ -66,7 +66,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.warmup_steps = 4000  # §5.3
   c.train.lr_multiplier = 1.0
   # Not in the paper: the last cooldown_steps updates scale Eq. 3 linearly down to zero at
-  # train.num_steps (0: Eq. 3 alone). For short fixed budgets (configs/multi30k.py).
+  # train.num_steps (0: Eq. 3 alone), for short fixed budgets of steps.
   c.train.cooldown_steps = 0
   c.train.adam_b1 = 0.9
   c.train.adam_b2 = 0.98

@@ -271,8 +271,8 @@ def eval_batches(examples: Sequence[Example], batch_size: int,
   Examples are ordered by bucket (in their original order within a bucket) and cut into
   batches of `batch_size` rows; each batch is padded to the bucket of its longest member, so
   jit sees at most len(bucket_lengths) shapes. Only the last batch has all-PAD filler rows
-  (index -1): decoding cost follows the number of sentences, not the number of buckets (200
-  sentences spread over 5 buckets used to decode 5 x 128 rows). Put outputs back in order with
+  (index -1), so decoding cost follows the number of sentences, not the number of buckets.
+  Put outputs back in order with
   `out[batch["index"][i]] = prediction[i]` for rows with index >= 0.
   """
   if batch_size < 1:
