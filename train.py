@@ -2,6 +2,8 @@
 
 Any config leaf can be overridden: `--config.model.num_layers=2`. The workdir is the whole run:
 config.json, vocabulary, checkpoints (resumed automatically), metrics.jsonl and results.json.
+On SIGTERM (preemption) it saves a checkpoint at the next step and exits with status 143;
+the same command resumes.
 Multi-host: run the same command on every host with `--config.distributed.enabled=True`
 (Cloud TPU VMs, SLURM and Open MPI detect the rest; elsewhere also pass
 `--config.distributed.coordinator_address=HOST:PORT`, `--config.distributed.num_processes=N` and
@@ -31,11 +33,15 @@ def main(argv):
   )
   from transformer_jax import train  # after flag parsing: keeps --help fast
   from transformer_jax.config import ConfigError
+  from transformer_jax.preemption import EXIT_STATUS
 
   try:
-    train.run(_CONFIG.value, _WORKDIR.value)
+    results = train.run(_CONFIG.value, _WORKDIR.value)
   except ConfigError as e:  # a wrong value: say which, without a traceback
     sys.exit(f"error: {e}")
+  if results["stopped_by"] == "preemption":  # checkpointed; the same command resumes
+    logging.warning("preempted at step %d; rerun the same command to resume", results["step"])
+    sys.exit(EXIT_STATUS)
 
 
 if __name__ == "__main__":

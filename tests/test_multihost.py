@@ -9,6 +9,7 @@ checkpoint collectively, which this (pytest) process then restores onto one devi
 """
 
 import argparse
+import json
 import math
 import os
 import pathlib
@@ -183,6 +184,56 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
   }
   for key, value in restored.items():
     np.testing.assert_array_equal(value, two[key], err_msg=key)
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_path):
+  """JAX's preemption service: only process 1 gets SIGTERM, yet both save the same step, skip
+  the final evaluation and exit 143 (preemption.py)."""
+  import signal
+  import time
+
+  port = free_port()
+  workdir = tmp_path / "run"
+  env = {
+      **os.environ,
+      "JAX_PLATFORMS": "cpu",
+      "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+  }
+  procs = [
+      subprocess.Popen(
+          [sys.executable, "train.py", "--config", "configs/quickstart.py:smoke",
+           "--workdir", str(workdir), "--config.train.num_steps=100000",
+           "--config.train.log_every=1", "--config.train.checkpoint_every=1000",
+           "--config.distributed.enabled=True",
+           f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+           "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}"],
+          cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+      )
+      for i in range(2)
+  ]  # fmt: skip
+  logs = ["", ""]
+  try:
+    metrics = workdir / "metrics.jsonl"  # written by process 0 only
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+      assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+      assert time.monotonic() < deadline, "no training step logged in time"
+      time.sleep(0.2)
+    procs[1].send_signal(signal.SIGTERM)
+    logs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  assert [p.returncode for p in procs] == [143, 143], [log[-3000:] for log in logs]
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert records[-1]["kind"] == "preempted"
+  stopped_at = records[-1]["step"]
+  assert (workdir / "checkpoints" / str(stopped_at)).is_dir()  # off the 1000-step interval
+  assert not (workdir / "results.json").exists()
+  for log in logs:
+    assert f"preempted at step {stopped_at}" in log
 
 
 def test_distributed_config_is_validated_and_off_by_default():

@@ -1,11 +1,14 @@
-"""The training loop: learning, sharding invariance, gradient accumulation, exact resume, CLI."""
+"""The training loop: learning, sharding invariance, gradient accumulation, exact resume,
+preemption (SIGTERM), CLI."""
 
 import functools
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -122,32 +125,45 @@ def _train_losses(workdir):
   return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
 
 
+def _on_step(n, action):
+  """A Trainer.train_step that runs `action()` when called for the n-th time, then steps."""
+  original_step = train.Trainer.train_step
+  calls = {"n": 0}
+
+  def train_step(self, state, batch, rng):
+    calls["n"] += 1
+    if calls["n"] == n:
+      action()
+    return original_step(self, state, batch, rng)
+
+  return train_step
+
+
+def _assert_same_final_state(workdir_a, workdir_b):
+  """Bit-identical parameters and optimizer state, and the input pipeline at the same place."""
+  state_a, data_a = _final_params(workdir_a)
+  state_b, data_b = _final_params(workdir_b)
+  assert data_a == data_b
+  params_close(state_a.params, state_b.params, rtol=0, atol=0)
+  params_close(state_a.opt_state, state_b.opt_state, rtol=0, atol=0)
+
+
 def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch):
   config = tiny_config(num_steps=6, checkpoint_every=2, log_every=1)
   run = functools.partial(train.run, config, devices=jax.devices()[:1])
   run(str(tmp_path / "straight"))
 
-  original_step = train.Trainer.train_step
-  calls = {"n": 0}
+  def preempt():  # during step 5, after the checkpoint at step 4 completed
+    raise KeyboardInterrupt("simulated preemption")
 
-  def crash_at_step_5(self, state, batch, rng):
-    calls["n"] += 1
-    if calls["n"] == 5:  # after the checkpoint at step 4 completed
-      raise KeyboardInterrupt("simulated preemption")
-    return original_step(self, state, batch, rng)
-
-  monkeypatch.setattr(train.Trainer, "train_step", crash_at_step_5)
+  monkeypatch.setattr(train.Trainer, "train_step", _on_step(5, preempt))
   with pytest.raises(KeyboardInterrupt):
     run(str(tmp_path / "resumed"))
-  monkeypatch.setattr(train.Trainer, "train_step", original_step)
+  monkeypatch.undo()
   results = run(str(tmp_path / "resumed"))  # resumes from step 4
 
   assert results["step"] == 6
-  straight_state, straight_data = _final_params(tmp_path / "straight")
-  resumed_state, resumed_data = _final_params(tmp_path / "resumed")
-  assert straight_data == resumed_data  # the input pipeline is at the same position
-  params_close(straight_state.params, resumed_state.params, rtol=0, atol=0)
-  params_close(straight_state.opt_state, resumed_state.opt_state, rtol=0, atol=0)
+  _assert_same_final_state(tmp_path / "straight", tmp_path / "resumed")
   # Steps 5 and 6 saw the same batches: identical losses.
   straight, resumed = _train_losses(tmp_path / "straight"), _train_losses(tmp_path / "resumed")
   assert straight[5] == resumed[5] and straight[6] == resumed[6]
@@ -168,6 +184,30 @@ def test_time_budget_stops_with_a_checkpoint_and_the_next_session_resumes(tmp_pa
   results = train.run(config, workdir, devices=jax.devices()[:1])
   assert results["step"] == 6 and results["stopped_by"] == "train.num_steps"
   assert sorted(_train_losses(workdir)) == [2, 4, 6]
+
+
+def test_sigterm_checkpoints_the_next_step_and_the_rerun_resumes_exactly(tmp_path, monkeypatch):
+  config = tiny_config(num_steps=6, checkpoint_every=100, log_every=1)
+  run = functools.partial(train.run, config, devices=jax.devices()[:1])
+  run(str(tmp_path / "straight"))
+
+  handler_before = signal.getsignal(signal.SIGTERM)
+  # A scheduler's preemption notice, during step 3.
+  sigterm = functools.partial(os.kill, os.getpid(), signal.SIGTERM)
+  monkeypatch.setattr(train.Trainer, "train_step", _on_step(3, sigterm))
+  workdir = tmp_path / "preempted"
+  results = run(str(workdir))
+  assert results["step"] == 3 and results["stopped_by"] == "preemption"
+  assert signal.getsignal(signal.SIGTERM) is handler_before  # the run's handler is removed
+  assert not (workdir / "results.json").exists()  # no final evaluation in the grace period
+  assert _final_params(workdir)[0].step == 3  # saved off the checkpoint_every interval
+  kinds = [json.loads(line)["kind"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert kinds[-1] == "preempted"
+
+  monkeypatch.undo()
+  results = run(str(workdir))
+  assert results["step"] == 6 and results["stopped_by"] == "train.num_steps"
+  _assert_same_final_state(tmp_path / "straight", workdir)
 
 
 def test_resume_with_a_different_model_is_refused(tmp_path):
@@ -217,6 +257,36 @@ def test_unknown_config_key_fails_before_any_work(tmp_path):
   assert proc.returncode != 0
   assert "num_layerz" in proc.stderr
   assert not (tmp_path / "w").exists()
+
+
+def test_train_py_exits_143_on_sigterm_with_a_checkpoint_and_resumes(tmp_path):
+  workdir = tmp_path / "w"
+  overrides = ["--config.train.num_steps=100000", "--config.train.log_every=1"]
+  cmd = [sys.executable, "train.py", "--config", "configs/quickstart.py:smoke",
+         "--workdir", str(workdir), *overrides]
+  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.monotonic() + 300
+  while not (metrics.exists() and metrics.read_text().count("\n") >= 2):  # training is under way
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    assert time.monotonic() < deadline, "no training step logged within 300 s"
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=300)
+  assert proc.returncode == 143, stderr[-3000:]
+  assert "rerun the same command to resume" in stderr
+  records = [json.loads(line) for line in metrics.read_text().splitlines()]
+  assert records[-1]["kind"] == "preempted"
+  stopped_at = records[-1]["step"]
+  assert (workdir / "checkpoints" / str(stopped_at)).is_dir()
+  assert not (workdir / "results.json").exists()
+
+  # The same command, now with a step limit, resumes from the checkpoint and finishes.
+  proc = _train_py(str(workdir), "--config.train.log_every=1",
+                   f"--config.train.num_steps={stopped_at + 2}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"resumed from step {stopped_at}" in proc.stderr
+  assert json.loads((workdir / "results.json").read_text())["step"] == stopped_at + 2
 
 
 def test_quickstart_smoke_run_through_train_py(tmp_path):

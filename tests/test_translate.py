@@ -114,14 +114,23 @@ def test_translate_without_checkpoint_fails_clearly(tmp_path):
   assert "no config.json" in proc.stderr
 
 
-def test_tune_decoding_picks_the_alpha_with_the_best_validation_bleu(trained_run):
+def test_tune_decoding_picks_the_beam_and_alpha_with_the_best_validation_bleu(trained_run):
   workdir, _ = trained_run
-  result = tune_decoding.tune(str(workdir), [0.0, 1.0], beam_size=2)
-  assert [r["alpha"] for r in result["sweep"]] == [0.0, 1.0]
-  valid = [r["valid_bleu"] for r in result["sweep"]]
-  assert result["best_alpha"] == (0.0 if valid[0] >= valid[1] else 1.0)  # ties: the smaller α
+  result = tune_decoding.tune(str(workdir), [0.0, 1.0], beam_sizes=[1, 2])
+  assert [(r["beam_size"], r["alpha"]) for r in result["sweep"]] == [
+      (1, 0.0), (1, 1.0), (2, 0.0), (2, 1.0)
+  ]
+  # The best validation BLEU; on ties the smaller beam, then the smaller α.
+  order = sorted(result["sweep"], key=lambda r: (-r["valid_bleu"], r["beam_size"], r["alpha"]))
+  assert (result["best_beam_size"], result["best_alpha"]) == (
+      order[0]["beam_size"], order[0]["alpha"]
+  )
   assert json.loads((workdir / "decoding_sweep.json").read_text()) == result
   written = (workdir / "test_translations.tuned.txt").read_text().splitlines()
   assert len(written) == result["test_sentences"]
+  # Greedy (beam 1) ignores α: both of its rows score the same.
+  assert result["sweep"][0]["valid_bleu"] == result["sweep"][1]["valid_bleu"]
   with pytest.raises(ValueError, match=">= 0"):
     tune_decoding.tune(str(workdir), [-1.0])
+  with pytest.raises(ValueError, match="beam size must be >= 1"):
+    tune_decoding.tune(str(workdir), [0.6], beam_sizes=[0])

@@ -3,7 +3,8 @@
 `run(config, workdir)` is the whole job: validate the config, read and tokenize the data, create
 the parameters already sharded, resume from the latest checkpoint in `workdir` if there is one,
 train with periodic logging/evaluation/checkpointing, and write the final evaluation to
-`workdir/results.json`.
+`workdir/results.json`. A SIGTERM (preemption) stops it at the next step with a checkpoint and
+no final evaluation (preemption.py); running it again resumes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 import optax
 import tqdm
 
-from transformer_jax import checkpoint, distributed, losses, optim, sharding
+from transformer_jax import checkpoint, distributed, losses, optim, preemption, sharding
 from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
 from transformer_jax import evaluate as evaluate_lib
@@ -436,61 +437,80 @@ def run(
   interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
   padding = []
   train_start = time.perf_counter()
-  for step in range(start_step + 1, num_steps + 1):
-    batch = next(train_iter)
-    padding.append(batching.padding_efficiency(batch))
-    state, metrics = trainer.train_step(state, batch, dropout_rng)
-    pending.append(metrics)
-    interval_steps += 1
-    progress.update(1)
+  preempted = False
+  with preemption.Preemption() as preempt:
+    for step in range(start_step + 1, num_steps + 1):
+      batch = next(train_iter)
+      padding.append(batching.padding_efficiency(batch))
+      state, metrics = trainer.train_step(state, batch, dropout_rng)
+      pending.append(metrics)
+      interval_steps += 1
+      progress.update(1)
 
-    if step % config.train.log_every == 0 or step == num_steps:
-      host = jax.device_get(pending)  # the only host<->device sync on training steps
-      sums = {k: sum(m[k] for m in host) for k in ("loss_sum", "nll_sum", "correct_sum", "weight_sum")}
-      interval_tokens = float(sums["weight_sum"])
-      elapsed = time.perf_counter() - interval_start
-      values = summarize(sums)
-      if not math.isfinite(values["loss"]):
-        raise FloatingPointError(
-            f"non-finite training loss {values['loss']} at step {step}; the last complete "
-            f"checkpoint is step {manager.latest_step()} in {workdir}"
+      if step % config.train.log_every == 0 or step == num_steps:
+        host = jax.device_get(pending)  # the only host<->device sync on training steps
+        sums = {
+            k: sum(m[k] for m in host)
+            for k in ("loss_sum", "nll_sum", "correct_sum", "weight_sum")
+        }
+        interval_tokens = float(sums["weight_sum"])
+        elapsed = time.perf_counter() - interval_start
+        values = summarize(sums)
+        if not math.isfinite(values["loss"]):
+          raise FloatingPointError(
+              f"non-finite training loss {values['loss']} at step {step}; the last complete "
+              f"checkpoint is step {manager.latest_step()} in {workdir}"
+          )
+        values.update(
+            learning_rate=float(host[-1]["learning_rate"]),
+            grad_norm=float(host[-1]["grad_norm"]),
+            target_tokens_per_s=interval_tokens / elapsed,
+            steps_per_s=interval_steps / elapsed,
+            padding_efficiency=float(np.mean(padding)),
+            elapsed_s=round(time.perf_counter() - train_start, 1),  # wall time this session
         )
-      values.update(
-          learning_rate=float(host[-1]["learning_rate"]),
-          grad_norm=float(host[-1]["grad_norm"]),
-          target_tokens_per_s=interval_tokens / elapsed,
-          steps_per_s=interval_steps / elapsed,
-          padding_efficiency=float(np.mean(padding)),
-          elapsed_s=round(time.perf_counter() - train_start, 1),  # wall time this session
-      )
-      log.write(step, "train", values)
-      progress.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['learning_rate']:.2e}")
-      pending, padding, interval_steps = [], [], 0
-      interval_start = time.perf_counter()
+        log.write(step, "train", values)
+        progress.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['learning_rate']:.2e}")
+        pending, padding, interval_steps = [], [], 0
+        interval_start = time.perf_counter()
 
-    if config.train.eval_every and step % config.train.eval_every == 0 and step != num_steps:
-      _periodic_eval(
-          trainer, state.params, bleu_subset, bleu_refs, eval_buckets, tokenizer, log, step,
-          elapsed_s=round(time.perf_counter() - train_start, 1),
-      )
-      interval_start = time.perf_counter()
+      if (
+          config.train.eval_every and step % config.train.eval_every == 0 and step != num_steps
+          and not preempt.requested  # a preempted run's grace period is for the checkpoint
+      ):
+        _periodic_eval(
+            trainer, state.params, bleu_subset, bleu_refs, eval_buckets, tokenizer, log, step,
+            elapsed_s=round(time.perf_counter() - train_start, 1),
+        )
+        interval_start = time.perf_counter()
 
-    out_of_time = step % config.train.log_every == 0 and _budget_spent(
-        config.train.max_train_minutes, train_start
-    )
-    if checkpoint.save(
-        manager, step, state, train_iter.get_state(), force=step == num_steps or out_of_time
-    ):
-      interval_start = time.perf_counter()  # keep save time out of throughput figures
-    if out_of_time:
-      logging.info(
-          "train.max_train_minutes=%g spent: stopping at step %d of %d",
-          config.train.max_train_minutes, step, num_steps,
+      out_of_time = step % config.train.log_every == 0 and _budget_spent(
+          config.train.max_train_minutes, train_start
       )
-      break
+      preempted = preempt.reached(step)  # SIGTERM: save this step, stop (preemption.py)
+      if checkpoint.save(
+          manager, step, state, train_iter.get_state(),
+          force=step == num_steps or out_of_time or preempted,
+      ):
+        interval_start = time.perf_counter()  # keep save time out of throughput figures
+      if out_of_time:
+        logging.info(
+            "train.max_train_minutes=%g spent: stopping at step %d of %d",
+            config.train.max_train_minutes, step, num_steps,
+        )
+      if out_of_time or preempted:
+        break
   progress.close()
   train_seconds = time.perf_counter() - train_start
   manager.wait_until_finished()
+  if preempted:  # the checkpoint is complete; the grace period is too short for evaluation
+    log.write(int(state.step), "preempted", {"elapsed_s": round(train_seconds, 1)})
+    manager.close()
+    return {
+        "step": int(state.step),
+        "stopped_by": "preemption",
+        "train_seconds_this_session": round(train_seconds, 1),
+    }
 
   params, evaluated = state.params, f"step {int(state.step)}"
   if config.train.average_last:

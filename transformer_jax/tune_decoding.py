@@ -1,14 +1,15 @@
-"""Chooses the length penalty α on the development set, as §6.1 did, then scores the test set.
+"""Chooses beam size and length penalty α on the development set, as §6.1 did, then scores test.
 
   python -m transformer_jax.tune_decoding --workdir DIR [--alphas 0.6,0.8,1.0,1.2]
-      [--beam_size 4] [--checkpoint auto]
+      [--beam_sizes 4] [--checkpoint auto]
 
-§6.1: beam size and α "were chosen after experimentation on the development set". For each α
-the run's whole validation split (`config.data.eval_split`) is decoded and scored with
-sacreBLEU; the α with the best validation BLEU (the smallest on ties) then decodes the test split
-once. Prints one JSON line and writes it to `DIR/decoding_sweep.json`, with the test translations
-in `DIR/test_translations.tuned.txt`. Put the chosen value in the config (`eval.alpha`) so the
-run's own final evaluation uses it.
+§6.1: beam size and α "were chosen after experimentation on the development set". For each
+(beam size, α) pair the run's whole validation split (`config.data.eval_split`) is decoded and
+scored with sacreBLEU; the pair with the best validation BLEU (on ties the smaller beam, then the
+smaller α) then decodes the test split once. Prints one JSON line and writes it to
+`DIR/decoding_sweep.json`, with the test translations in `DIR/test_translations.tuned.txt`. Put
+the chosen values in the config (`eval.beam_size`, `eval.alpha`) so the run's own final
+evaluation uses them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def _define_flags():
   # Defined only when run as a program, so importing this module defines no flags.
   flags.DEFINE_string("workdir", None, "The training run's --workdir.")
   flags.DEFINE_string("alphas", "0.6,0.8,1.0,1.2", "Comma-separated length penalties to try.")
-  flags.DEFINE_integer("beam_size", None, "Beam size; default: the run's (eval.beam_size).")
+  flags.DEFINE_string(
+      "beam_sizes", "", "Comma-separated beam sizes to try; default: the run's (eval.beam_size)."
+  )
   flags.DEFINE_string("checkpoint", "auto", "Which parameters (see translate.load_run).")
 
 
@@ -37,42 +40,54 @@ def _score(hypotheses: list[str], references: list[str]) -> dict:
   return {"bleu": float(bleu.score), "length_ratio": float(bleu.sys_len / max(bleu.ref_len, 1))}
 
 
-def tune(workdir: str, alphas: list[float], beam_size=None, which: str = "auto") -> dict:
-  """Validation BLEU for each α, the best α, and the test scores decoded with it."""
+def tune(
+    workdir: str, alphas: list[float], beam_sizes: list[int] | None = None, which: str = "auto"
+) -> dict:
+  """Validation BLEU for each (beam size, α), the best pair, and the test scores decoded with it.
+
+  `beam_sizes` None or empty: the run's own `eval.beam_size` only.
+  """
   if not alphas:
     raise ValueError("no α to try: --alphas is empty")
   if any(a < 0 for a in alphas):
     raise ValueError(f"--alphas={alphas}: a length penalty must be >= 0")
-  first = translate.load_run(workdir, which, beam_size=beam_size, alpha=alphas[0])
+  if beam_sizes and any(k < 1 for k in beam_sizes):
+    raise ValueError(f"--beam_sizes={beam_sizes}: a beam size must be >= 1")
+  beams = list(beam_sizes) if beam_sizes else [None]
+  first = translate.load_run(workdir, which, beam_size=beams[0], alpha=alphas[0])
   dataset = pipeline.load_dataset(first.config, workdir)  # reuses the run's vocabulary
   buckets = dataset.eval_bucket_lengths(first.config.data)
   valid, test = dataset.splits["eval"], dataset.splits["test"]
   lang = first.config.data.target_lang
+  beams = [k or first.config.eval.beam_size for k in beams]
 
-  runs = {alphas[0]: first}  # one loaded run per α: its compiled search is reused for test
+  # One loaded run per (beam, α): its compiled search is reused for test.
+  runs = {(beams[0], alphas[0]): first}
 
-  def decode(alpha, split):
-    if alpha not in runs:
-      runs[alpha] = translate.load_run(workdir, which, beam_size, alpha)
-    run = runs[alpha]
+  def decode(beam, alpha, split):
+    if (beam, alpha) not in runs:
+      runs[beam, alpha] = translate.load_run(workdir, which, beam, alpha)
+    run = runs[beam, alpha]
     return run.trainer.translate(run.params, split.examples, buckets, run.tokenizer)
 
   sweep = []
-  for alpha in alphas:
-    scores = _score(decode(alpha, valid), [t for _, t in valid.pairs])
-    sweep.append({"alpha": alpha, **{f"valid_{k}": v for k, v in scores.items()}})
-    logging.info("α=%g: validation BLEU %.2f (length ratio %.3f)", alpha, scores["bleu"],
-                 scores["length_ratio"])
-  best = max(sweep, key=lambda r: (r["valid_bleu"], -r["alpha"]))["alpha"]
-  hypotheses = decode(best, test)
+  for beam in beams:
+    for alpha in alphas:
+      scores = _score(decode(beam, alpha, valid), [t for _, t in valid.pairs])
+      sweep.append({"beam_size": beam, "alpha": alpha,
+                    **{f"valid_{k}": v for k, v in scores.items()}})
+      logging.info("beam %d, α=%g: validation BLEU %.2f (length ratio %.3f)", beam, alpha,
+                   scores["bleu"], scores["length_ratio"])
+  best = max(sweep, key=lambda r: (r["valid_bleu"], -r["beam_size"], -r["alpha"]))
+  hypotheses = decode(best["beam_size"], best["alpha"], test)
   references = [t for _, t in test.pairs]
   test_scores = _score(hypotheses, references)
   result = {
       "workdir": workdir,
       "parameters": first.checkpoint,
-      "beam_size": first.config.eval.beam_size,
       "sweep": sweep,
-      "best_alpha": best,
+      "best_beam_size": best["beam_size"],
+      "best_alpha": best["alpha"],
       "test_bleu": test_scores["bleu"],
       "test_length_ratio": test_scores["length_ratio"],
       "test_tokenized_bleu": float(evaluate.tokenized_bleu(hypotheses, references, lang).score),
@@ -88,16 +103,25 @@ def tune(workdir: str, alphas: list[float], beam_size=None, which: str = "auto")
   return result
 
 
+def _parse_list(name: str, text: str, kind: type) -> list:
+  try:
+    return [kind(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise ValueError(
+        f"--{name}={text!r} is not a comma-separated list of {kind.__name__} values"
+    ) from None
+
+
 def main(argv):
   args = cli.workdir_args(argv)
   try:
-    alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
-  except ValueError:
-    print(f"error: --alphas={args.alphas!r} is not a comma-separated list of numbers",
-          file=sys.stderr)
+    alphas = _parse_list("alphas", args.alphas, float)
+    beam_sizes = _parse_list("beam_sizes", args.beam_sizes, int)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
     return 1
   try:
-    result = tune(args.workdir, alphas, args.beam_size, args.checkpoint)
+    result = tune(args.workdir, alphas, beam_sizes, args.checkpoint)
   except (FileNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
