@@ -259,34 +259,32 @@ def test_unknown_config_key_fails_before_any_work(tmp_path):
   assert not (tmp_path / "w").exists()
 
 
-def test_train_py_exits_143_on_sigterm_with_a_checkpoint_and_resumes(tmp_path):
+def test_train_py_exits_143_on_sigterm_with_a_checkpoint(tmp_path):
   workdir = tmp_path / "w"
   overrides = ["--config.train.num_steps=100000", "--config.train.log_every=1"]
   cmd = [sys.executable, "train.py", "--config", "configs/quickstart.py:smoke",
          "--workdir", str(workdir), *overrides]
   proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   metrics = workdir / "metrics.jsonl"
-  deadline = time.monotonic() + 300
-  while not (metrics.exists() and metrics.read_text().count("\n") >= 2):  # training is under way
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    assert time.monotonic() < deadline, "no training step logged within 300 s"
-    time.sleep(0.2)
-  proc.send_signal(signal.SIGTERM)
-  _, stderr = proc.communicate(timeout=300)
+  try:
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):  # training under way
+      assert proc.poll() is None, proc.communicate()[1][-3000:]
+      assert time.monotonic() < deadline, "no training step logged within 300 s"
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:  # never leave a 100,000-step run behind
+      proc.kill()
+      proc.wait()
   assert proc.returncode == 143, stderr[-3000:]
   assert "rerun the same command to resume" in stderr
   records = [json.loads(line) for line in metrics.read_text().splitlines()]
   assert records[-1]["kind"] == "preempted"
   stopped_at = records[-1]["step"]
   assert (workdir / "checkpoints" / str(stopped_at)).is_dir()
-  assert not (workdir / "results.json").exists()
-
-  # The same command, now with a step limit, resumes from the checkpoint and finishes.
-  proc = _train_py(str(workdir), "--config.train.log_every=1",
-                   f"--config.train.num_steps={stopped_at + 2}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert f"resumed from step {stopped_at}" in proc.stderr
-  assert json.loads((workdir / "results.json").read_text())["step"] == stopped_at + 2
+  assert not (workdir / "results.json").exists()  # resuming exactly: the in-process test above
 
 
 def test_quickstart_smoke_run_through_train_py(tmp_path):

@@ -33,14 +33,16 @@ EXIT_STATUS = 128 + signal.SIGTERM  # 143: what a shell reports for a process SI
 class Preemption:
   """Context manager: `with Preemption() as p: ... if p.reached(step): save and stop`.
 
-  Must be entered on the main thread (Python delivers signals there) of a single-process run;
-  restores the previous SIGTERM handler on exit, so library and test use leave no trace.
+  In a single-process run entered on the main thread (the only one Python delivers signals to)
+  it installs a SIGTERM handler, and restores the previous one on exit, so library and test use
+  leave no trace; on another thread SIGTERM keeps its previous action.
   """
 
   def __init__(self):
     self._requested = threading.Event()
     self._previous = None
     self._installed = False
+    self._service_off = False
 
   def __enter__(self) -> Preemption:
     if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
@@ -66,9 +68,16 @@ class Preemption:
   def reached(self, step: int) -> bool:
     """True at the step every process should checkpoint and stop at; call it at every step."""
     if jax.process_count() > 1:
+      if self._service_off:
+        return False
       from jax.experimental import multihost_utils
 
-      return multihost_utils.reached_preemption_sync_point(step)
+      try:
+        return multihost_utils.reached_preemption_sync_point(step)
+      except RuntimeError as e:  # jax_enable_preemption_service=False: train on, unprotected
+        logging.warning("no preemption checkpoints in this multi-process run: %s", e)
+        self._service_off = True
+        return False
     if self.requested:
       logging.warning("SIGTERM received: saving a checkpoint at step %d and stopping", step)
       return True
