@@ -32,12 +32,13 @@ def main(argv):
       lambda record: record.levelno >= logging.WARNING or "orbax" not in record.pathname
   )
   from transformer_jax import train  # after flag parsing: keeps --help fast
+  from transformer_jax.checkpoint import CheckpointError
   from transformer_jax.config import ConfigError
   from transformer_jax.preemption import EXIT_STATUS
 
   try:
     results = train.run(_CONFIG.value, _WORKDIR.value)
-  except ConfigError as e:  # a wrong value: say which, without a traceback
+  except (ConfigError, CheckpointError) as e:  # a wrong value or file: say which, no traceback
     sys.exit(f"error: {e}")
   if results["stopped_by"] == "preemption":  # checkpointed; the same command resumes
     logging.warning("preempted at step %d; rerun the same command to resume", results["step"])

@@ -16,16 +16,17 @@ Without them, the first training batch of the configured data is used (loading n
 FLOPs (`flops_per_step`, used for MFU) are counted analytically, as matmul FLOPs only (2 per
 multiply-add; the backward pass costs twice the forward, so training = 3x forward):
 
-  forward = 2 * [ encoder:  N * B*S * (4 e^2 + 2 e f)            projections Q,K,V,O and FFN
-                          + N * 2 * B*S^2 * e                     Q K^T and A V
-                  decoder:  M * B*T * (4 e^2 + 2 e f)            self-attention proj. and FFN
-                          + M * (2 e^2 * B*T + 2 e^2 * B*S)      cross-attention Q,O / K,V
-                          + M * 2 * (B*T^2 + B*T*S) * e          self- and cross-attention
+  forward = 2 * [ encoder:  N * B*S * (2 e (k+v) + 2 e f)        projections Q,K,V,O and FFN
+                          + N * B*S^2 * (k+v)                     Q K^T and A V
+                  decoder:  M * B*T * (2 e (k+v) + 2 e f)        self-attention proj. and FFN
+                          + M * e (k+v) * (B*T + B*S)            cross-attention Q,O / K,V
+                          + M * (B*T^2 + B*T*S) * (k+v)          self- and cross-attention
                   output:   B*T * e * V ]                         pre-softmax projection
   per step = 3 * forward
 
 i.e. 6 * (matmul parameters) * tokens plus the attention terms, with B rows, S/T source/target
-length, e d_model, f d_ff, V vocabulary, N/M encoder/decoder layers; padded positions and the
+length, e d_model, k = h d_k and v = h d_v (both e by default, §3.2.2), f d_ff, V vocabulary,
+N/M encoder/decoder layers; padded positions and the
 masked half of causal attention are counted, since the hardware computes them. Softmax, LayerNorm,
 dropout, embedding gathers and Adam are not counted (they are not matmuls), nor is remat's
 recomputation (MFU, not HFU). XLA's own count (`compiled.cost_analysis()`) is printed beside it as
@@ -64,12 +65,14 @@ def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> f
   B, S, T = batch, source_len, target_len
   e, f, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
   N, M = cfg.num_layers, cfg.decoder_layers
-  encoder = N * (B * S * (4 * e * e + 2 * e * f) + 2 * B * S * S * e)
+  # h*d_k and h*d_v: both e unless the config sets d_k, d_v (Table 3 rows (A), (B)).
+  k, v = cfg.num_heads * cfg.head_key_dim, cfg.num_heads * cfg.head_value_dim
+  encoder = N * (B * S * (2 * e * (k + v) + 2 * e * f) + B * S * S * (k + v))
   decoder = M * (
-      B * T * (4 * e * e + 2 * e * f)  # self-attention projections, FFN
-      + 2 * e * e * B * T  # cross-attention Q and O, on target positions
-      + 2 * e * e * B * S  # cross-attention K and V, on source positions
-      + 2 * (B * T * T + B * T * S) * e  # scores and weighted sums, self and cross
+      B * T * (2 * e * (k + v) + 2 * e * f)  # self-attention projections, FFN
+      + e * (k + v) * B * T  # cross-attention Q and O, on target positions
+      + e * (k + v) * B * S  # cross-attention K and V, on source positions
+      + (B * T * T + B * T * S) * (k + v)  # scores and weighted sums, self and cross
   )
   output = B * T * e * V
   forward = 2 * (encoder + decoder + output)  # 2 FLOPs per multiply-add

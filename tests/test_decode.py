@@ -27,9 +27,13 @@ def source(seed):
 
 
 
-@pytest.mark.parametrize("norm_position", ["post", "pre"])
-def test_cached_decoding_equals_full_forward(norm_position):
-  config = CONFIG.replace(norm_position=norm_position)
+@pytest.mark.parametrize(
+    "variant",
+    [{"norm_position": "post"}, {"norm_position": "pre"}, {"key_dim": 4, "value_dim": 12}],
+    ids=["post", "pre", "dk4_dv12"],  # d_k != d_v: Table 3 row (B)'s caches
+)
+def test_cached_decoding_equals_full_forward(variant):
+  config = CONFIG.replace(**variant)
   params = random_params(config)
   inputs = source(0)
   rng = np.random.default_rng(1)

@@ -169,6 +169,50 @@ def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch):
   assert straight[5] == resumed[5] and straight[6] == resumed[6]
 
 
+def test_an_unreadable_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(
+    tmp_path, monkeypatch, caplog
+):
+  config = tiny_config(num_steps=6, checkpoint_every=2, log_every=1)
+  run = functools.partial(train.run, config, devices=jax.devices()[:1])
+  run(str(tmp_path / "straight"))
+
+  def preempt():  # during step 5: checkpoints 2 and 4 are complete
+    raise KeyboardInterrupt("simulated preemption")
+
+  workdir = tmp_path / "damaged"
+  monkeypatch.setattr(train.Trainer, "train_step", _on_step(5, preempt))
+  with pytest.raises(KeyboardInterrupt):
+    run(str(workdir))
+  monkeypatch.undo()
+  # Step 4's save was asynchronous: its directory appears (renamed from a temporary one) once
+  # the checkpoint is complete. Then its array bytes are damaged.
+  deadline = time.monotonic() + 120
+  while not (workdir / "checkpoints" / "4").is_dir():
+    assert time.monotonic() < deadline, "the checkpoint of step 4 never completed"
+    time.sleep(0.1)
+  damaged = [f for f in (workdir / "checkpoints" / "4" / "state").rglob("*") if f.parent.name == "d"]
+  assert damaged
+  for f in damaged:
+    f.write_bytes(b"not a chunk")
+
+  results = run(str(workdir))  # resumes from step 2, redoes steps 3-6
+  assert results["step"] == 6
+  assert (workdir / "checkpoints.unreadable" / "4" / "state").is_dir()  # kept, not deleted
+  assert "checkpoint step 4" in caplog.text and "moved to" in caplog.text
+  _assert_same_final_state(tmp_path / "straight", workdir)
+  assert _train_losses(tmp_path / "straight")[3] == _train_losses(workdir)[3]
+
+  # When no checkpoint can be restored, the error lists each and nothing is moved.
+  steps = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  for f in (workdir / "checkpoints").rglob("*"):
+    if f.parent.name == "d":
+      f.write_bytes(b"not a chunk")
+  with pytest.raises(checkpoint.CheckpointError, match=r"none of the \d+ checkpoints") as e:
+    run(str(workdir))
+  assert all(f"checkpoint step {s} in" in str(e.value) for s in steps if s.isdigit())
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == steps
+
+
 def test_time_budget_stops_with_a_checkpoint_and_the_next_session_resumes(tmp_path):
   # A budget this small is spent at the first check (every log_every = 2 steps).
   config = tiny_config(num_steps=6, checkpoint_every=100, log_every=2, max_train_minutes=1e-9)

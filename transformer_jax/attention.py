@@ -1,8 +1,8 @@
 """Multi-head scaled dot-product attention (§3.2) and its masks.
 
 Einsum letters used throughout:
-  b batch, q query length, k key length, h heads, d head dim (d_k = d_v = d_model / h),
-  e model dim (d_model).
+  b batch, q query length, k key length, h heads, d head dim (d_k for queries and keys, d_v for
+  values and outputs; both d_model / h unless the config sets them), e model dim (d_model).
 
 Masks are boolean arrays broadcastable to [batch, heads, q_len, k_len]; True means "may attend".
 The model passes them as an `AttentionMask` (key padding, causality and any other dense mask
@@ -17,7 +17,8 @@ Implementations (`TransformerConfig.attention_impl`, chosen per call by `attenti
   auto    cudnn where it applies (GPU, half precision, head_dim % 8 == 0 and <= 128, no
           packed-segment mask), einsum elsewhere.
 Every implementation falls back to einsum with attention dropout (no fused kernel here takes
-it) and in decode mode (one query against the KV cache, masked by the write index).
+it) and in decode mode (one query against the KV cache, masked by the write index); `auto` also
+uses einsum when d_k != d_v (Table 3 row (B)), which `jax.nn.dot_product_attention` does not take.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ def dot_product_attention(
 ) -> jax.Array:
   """softmax(Q Kᵀ / √d_k) V — §3.2.1, Eq. 1, per head.
 
-  query [b, q, h, d], key/value [b, k, h, d] -> [b, q, h, d]. The logits and softmax are computed
-  in float32 whatever the compute dtype, so bf16 training keeps an exact-enough normalisation.
+  query/key [b, q|k, h, d_k], value [b, k, h, d_v] -> [b, q, h, d_v]. The logits and softmax are
+  computed in float32 whatever the compute dtype, so bf16 training keeps an exact-enough
+  normalisation.
   """
   depth = query.shape[-1]
   query = query / jnp.sqrt(depth).astype(query.dtype)
@@ -157,15 +159,24 @@ def attention_implementation(
     dropout: bool,
     dense_mask: bool,
     platform: str | None = None,
+    value_dim: int | None = None,
 ) -> str:
   """Resolves `attention_impl` for one call to 'einsum', 'xla' or 'cudnn' (see module docstring).
 
   `dense_mask`: the mask has a part only a dense array expresses (packed segments, or a caller's
   plain boolean mask). cuDNN then takes it as an additive bias, which `auto` does not choose.
+  `head_dim` is d_k; `value_dim` is d_v when it differs (None: the same).
   """
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention_impl={impl!r}; expected one of {ATTENTION_IMPLS}")
   if impl == "einsum" or decode or dropout:
+    return "einsum"
+  if value_dim is not None and value_dim != head_dim:
+    if impl != "auto":
+      raise ValueError(
+          f"attention_impl={impl!r} needs d_k == d_v (jax.nn.dot_product_attention); they are "
+          f"{head_dim} and {value_dim}: use 'auto' or 'einsum'"
+      )
     return "einsum"
   if impl == "xla":
     return "xla"
@@ -234,26 +245,30 @@ class MultiHeadAttention(nn.Module):
       mask: AttentionMask | jax.Array | None,  # or a dense [b | 1, 1, q, k] bool array
   ) -> jax.Array:
     cfg = self.config
-    head_dim = cfg.d_model // cfg.num_heads
+    key_dim, value_dim = cfg.head_key_dim, cfg.head_value_dim  # d_k, d_v (§3.2.2)
 
     def projection(name, shape, axes, in_axis, out_axis):
       init = nn.initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
       kernel = self.param(name, nn.with_logical_partitioning(init, axes), shape, cfg.param_dtype)
       return jnp.asarray(kernel, cfg.dtype)
 
-    qkv_shape = (cfg.d_model, cfg.num_heads, head_dim)
     qkv_axes = (sharding.EMBED, sharding.HEADS, sharding.KV)
-    # W^Q, W^K, W^V of all heads as one [e, h, d] tensor each (fan-in e, fan-out h*d).
-    w_query, w_key, w_value = (
-        projection(name, qkv_shape, qkv_axes, 0, (1, 2)) for name in ("query", "key", "value")
+    # W^Q, W^K [e, h, d_k] and W^V [e, h, d_v] of all heads as one tensor each (fan-in e,
+    # fan-out h*d).
+    w_query, w_key = (
+        projection(name, (cfg.d_model, cfg.num_heads, key_dim), qkv_axes, 0, (1, 2))
+        for name in ("query", "key")
     )
-    query = jnp.einsum("bqe,ehd->bqhd", inputs_q.astype(cfg.dtype), w_query)  # [b, q, h, d]
+    w_value = projection(
+        "value", (cfg.d_model, cfg.num_heads, value_dim), qkv_axes, 0, (1, 2)
+    )
+    query = jnp.einsum("bqe,ehd->bqhd", inputs_q.astype(cfg.dtype), w_query)  # [b, q, h, d_k]
 
     def project_kv():
       kv = inputs_kv.astype(cfg.dtype)
       return (
-          jnp.einsum("bke,ehd->bkhd", kv, w_key),  # [b, k, h, d]
-          jnp.einsum("bke,ehd->bkhd", kv, w_value),  # [b, k, h, d]
+          jnp.einsum("bke,ehd->bkhd", kv, w_key),  # [b, k, h, d_k]
+          jnp.einsum("bke,ehd->bkhd", kv, w_value),  # [b, k, h, d_v]
       )
 
     if not cfg.decode or self.kind == "encoder":
@@ -270,7 +285,8 @@ class MultiHeadAttention(nn.Module):
     impl = attention_implementation(
         cfg.attention_impl,
         dtype=cfg.dtype,
-        head_dim=head_dim,
+        head_dim=key_dim,
+        value_dim=value_dim,
         decode=cfg.decode,
         dropout=dropout,
         dense_mask=mask is not None
@@ -287,13 +303,13 @@ class MultiHeadAttention(nn.Module):
           dropout_rng=self.make_rng("dropout") if dropout else None,
           dropout_rate=cfg.attention_dropout_rate,
           deterministic=cfg.deterministic,
-      )  # [b, q, h, d]
+      )  # [b, q, h, d_v]
     else:
       out = fused_dot_product_attention(query, key, value, mask, implementation=impl)
     w_out = projection(
-        "out", (cfg.num_heads, head_dim, cfg.d_model), (sharding.HEADS, sharding.KV, sharding.EMBED),
+        "out", (cfg.num_heads, value_dim, cfg.d_model), (sharding.HEADS, sharding.KV, sharding.EMBED),
         (0, 1), 2,
-    )  # W^O
+    )  # W^O [h, d_v, e]
     return jnp.einsum("bqhd,hde->bqe", out, w_out)  # [b, q, e]
 
   def _append_to_cache(self, key, value):

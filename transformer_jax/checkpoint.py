@@ -4,15 +4,29 @@ One checkpoint = `state` (step, params, optimizer state; sharded arrays written 
 every process) and `data` (a small JSON with the input pipeline's position), so a resumed run
 sees exactly the batches an uninterrupted run would have seen. Orbax writes each step into a
 temporary directory and renames it when complete, so an interrupted save is never restored.
+
+A checkpoint that is complete but cannot be read (damaged bytes, a file lost in a copy, a
+half-synced bucket) is set aside, not deleted: resuming restores the newest readable step and
+moves the unreadable newer ones to `workdir/checkpoints.unreadable/`, where they can be inspected
+or moved back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+
+UNREADABLE_DIR = "checkpoints.unreadable"
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that exists but cannot be restored; the message names the step and directory."""
 
 
 def make_manager(workdir: str, *, keep: int, save_every: int) -> ocp.CheckpointManager:
@@ -49,14 +63,96 @@ def restore(manager: ocp.CheckpointManager, abstract_state, step: int | None = N
   step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {manager.directory}")
-  restored = manager.restore(
-      step,
-      args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state),
-          data=ocp.args.JsonRestore(),
-      ),
+  try:
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=ocp.args.JsonRestore(),
+        ),
+    )
+    data_state = restored["data"]
+    if not isinstance(data_state, dict):
+      raise ValueError(f"the data position is {type(data_state).__name__}, not a JSON object")
+  # Orbax and TensorStore raise many types for bad bytes (ValueError, OSError, KeyError,
+  # json.JSONDecodeError, ...): whatever it is, say which checkpoint it came from.
+  except Exception as e:  # noqa: BLE001
+    raise CheckpointError(
+        f"checkpoint step {step} in {manager.directory} cannot be restored: "
+        f"{type(e).__name__}: {_first_line(e)}"
+    ) from e
+  return restored["state"], data_state
+
+
+def _first_line(error: Exception, limit: int = 300) -> str:
+  text = str(error).strip().splitlines()
+  return (text[0] if text else "")[:limit]
+
+
+def restore_newest_readable(manager: ocp.CheckpointManager, abstract_state):
+  """Resumes from the newest checkpoint that can be read; None when there is no checkpoint.
+
+  Checkpoints newer than it that cannot be read are moved to `checkpoints.unreadable/<step>`
+  beside the checkpoint directory, with a warning naming each one and its error, so that the
+  manager neither lists them (averaging, `--checkpoint latest`) nor collides with them when
+  training saves that step again. Nothing is moved unless an older checkpoint restores: when
+  none does (a model that no longer matches them, say) the error lists every step and why, and
+  the directory is left as it was. Every process takes the same decision.
+  """
+  failures: list[tuple[int, str]] = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      restored, error = restore(manager, abstract_state, step), None
+    except CheckpointError as e:
+      restored, error = None, str(e)
+    if _failed_anywhere(error is not None) and error is None:
+      error = f"checkpoint step {step} cannot be restored on another process"
+    if error is None:
+      if failures:
+        _set_aside(manager, [s for s, _ in failures])
+      return restored
+    logging.error("%s", error)
+    failures.append((step, error))
+  if not failures:
+    return None
+  listing = "\n  ".join(error for _, error in failures)
+  raise CheckpointError(
+      f"none of the {len(failures)} checkpoints in {manager.directory} can be restored:\n  "
+      f"{listing}\nNothing was moved or deleted. If the model or its vocabulary changed, "
+      "use a new --workdir; otherwise the checkpoints are damaged."
   )
-  return restored["state"], restored["data"]
+
+
+def _failed_anywhere(failed: bool) -> bool:
+  if jax.process_count() == 1:
+    return failed
+  from jax.experimental import multihost_utils
+
+  return bool(np.any(multihost_utils.process_allgather(np.asarray(failed))))
+
+
+def _set_aside(manager: ocp.CheckpointManager, steps: list[int]):
+  """Moves unreadable step directories out of the manager's view (process 0 moves them)."""
+  directory = epath.Path(manager.directory)
+  aside = directory.parent / UNREADABLE_DIR
+  if jax.process_index() == 0:
+    aside.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+      target = aside / str(step)
+      suffix = 1
+      while target.exists():  # the same step may have been set aside before
+        suffix += 1
+        target = aside / f"{step}.{suffix}"
+      (directory / str(step)).rename(target)
+      logging.warning(
+          "checkpoint step %d could not be read and was moved to %s; training resumes from "
+          "an older step (move it back into %s to retry it)", step, target, directory,
+      )
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("checkpoint.set_aside")
+  manager.reload()
 
 
 def abstract_like(tree, shardings):

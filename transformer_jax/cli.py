@@ -7,12 +7,12 @@ import logging
 from absl import app, flags
 
 
-def workdir_args(argv: list[str]) -> flags.FlagValues:
-  """The parsed flags, after checking there are no stray arguments and --workdir is given."""
+def workdir_args(argv: list[str], required: str = "workdir") -> flags.FlagValues:
+  """The parsed flags, after checking there are no stray arguments and --`required` is given."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   args = flags.FLAGS
-  if not args.workdir:
-    raise app.UsageError("--workdir is required")
+  if not getattr(args, required):
+    raise app.UsageError(f"--{required} is required")
   logging.getLogger().setLevel(logging.INFO)
   return args

@@ -25,6 +25,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.d_model = 512
   c.model.num_heads = 8
+  c.model.key_dim = 0  # d_k per head; 0 = d_model / num_heads (§3.2.2)
+  c.model.value_dim = 0  # d_v per head; 0 = d_model / num_heads
   c.model.num_layers = 6
   c.model.num_decoder_layers = 0  # 0 = same as num_layers
   c.model.d_ff = 2048
@@ -112,6 +114,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
       vocab_size=vocab_size,
       d_model=m.d_model,
       num_heads=m.num_heads,
+      key_dim=m.key_dim or None,
+      value_dim=m.value_dim or None,
       num_layers=m.num_layers,
       num_decoder_layers=m.num_decoder_layers or None,
       d_ff=m.d_ff,

@@ -61,7 +61,11 @@ class TransformerConfig:
 
   vocab_size: int
   d_model: int = 512
-  num_heads: int = 8  # h; d_k = d_v = d_model / h
+  num_heads: int = 8  # h
+  # §3.2.2: d_k = d_v = d_model / h by default (None). Table 3 row (A) varies h with
+  # d_k = d_v = d_model / h; row (B) shrinks d_k alone (16, 32) with d_v = 64.
+  key_dim: int | None = None  # d_k, the query/key size per head
+  value_dim: int | None = None  # d_v, the value size per head
   num_layers: int = 6  # N, encoder layers
   num_decoder_layers: int | None = None  # None = num_layers
   d_ff: int = 2048
@@ -89,8 +93,14 @@ class TransformerConfig:
         (self.vocab_size > 0, "vocab_size must be positive"),
         (self.d_model > 0 and self.num_heads > 0, "d_model and num_heads must be positive"),
         (
-            self.d_model % max(self.num_heads, 1) == 0,
-            f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}",
+            (self.key_dim is not None and self.value_dim is not None)
+            or self.d_model % max(self.num_heads, 1) == 0,
+            f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
+            "(or set key_dim and value_dim)",
+        ),
+        (
+            all(d is None or d > 0 for d in (self.key_dim, self.value_dim)),
+            f"key_dim={self.key_dim} and value_dim={self.value_dim} must be positive or None",
         ),
         (self.num_layers >= 1, f"num_layers={self.num_layers} must be >= 1"),
         (
@@ -129,6 +139,16 @@ class TransformerConfig:
     for ok, message in checks:
       if not ok:
         raise ValueError(f"TransformerConfig: {message}")
+
+  @property
+  def head_key_dim(self) -> int:
+    """d_k: per-head query/key size (§3.2.2: d_model / h unless `key_dim` is set)."""
+    return self.key_dim if self.key_dim is not None else self.d_model // self.num_heads
+
+  @property
+  def head_value_dim(self) -> int:
+    """d_v: per-head value size (§3.2.2: d_model / h unless `value_dim` is set)."""
+    return self.value_dim if self.value_dim is not None else self.d_model // self.num_heads
 
   @property
   def decoder_layers(self) -> int:

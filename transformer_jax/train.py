@@ -410,8 +410,9 @@ def run(
   manager = checkpoint.make_manager(
       workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
   )
-  if manager.latest_step() is not None:
-    state, data_state = checkpoint.restore(manager, trainer.abstract_state())
+  restored = checkpoint.restore_newest_readable(manager, trainer.abstract_state())
+  if restored is not None:
+    state, data_state = restored
     train_iter.set_state(data_state)
     logging.info("resumed from step %d in %s", int(state.step), workdir)
   else:
