@@ -13,7 +13,10 @@ BLEU 38.28), tokenized 37.64, lowercased and tokenized 38.06; validation perplex
 short of 38 sacreBLEU on test, although validation passes it. Training is deterministic: a rerun
 in a ~10% slower hour followed the same trajectory (identical validation perplexity at steps
 1000 and 2000), stopped at step 2,550 and gave test 37.40 (validation perplexity 6.59), so on
-this machine the result is bound by how many steps fit in the hour.
+this machine the result is bound by how many steps fit in the hour. Session 5: bf16 compute
+(--config.model.dtype=bfloat16) matched float32's loss per step but was at most ~5% faster and
+stopped at 2,650 steps in a slow hour (test 37.13, 37.37 with α 1.5 chosen on valid); 1k-token
+batches moved ~15% fewer tokens per second and fell behind at equal time (stopped at 18 min).
 
 Hardware and time: the run stops itself after train.max_train_minutes = 58 of training
 (compilations, periodic evaluations and checkpoints included), however many steps fit: 2,750

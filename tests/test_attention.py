@@ -131,3 +131,42 @@ def test_multi_head_attention_is_concat_of_heads_times_w_o(with_mask):
              for h in range(H)]  # h × [Q, d]
     expected[b] = np.concatenate(heads, axis=-1) @ w_o  # [Q, h*d] @ [h*d, e]
   np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_recorded_attention_weights_are_the_distributions_the_model_uses():
+  """Applying with mutable intermediates records every layer's weights without changing the
+  output: rows are distributions, padding keys get nothing, the decoder's self-attention is
+  causal, and each kind has its shape."""
+  from testing import random_params
+
+  from transformer_jax.data.tokenizer import PAD_ID
+  from transformer_jax.model import Transformer, TransformerConfig
+  from transformer_jax.plot_attention import attention_weights
+
+  config = TransformerConfig(vocab_size=20, d_model=16, num_heads=2, num_layers=2, d_ff=32,
+                             max_len=16, deterministic=True)
+  params = random_params(config)
+  source, target = [5, 6, 7, 8, 1], [9, 10, 11, 1]  # each ends with EOS
+  maps = attention_weights(config, params, source, target)
+  assert sorted(maps) == sorted(
+      f"{stack}/layer_{i}/{kind}"
+      for i in range(2)
+      for stack, kind in [("encoder", "self_attention"), ("decoder", "self_attention"),
+                          ("decoder", "cross_attention")]
+  )
+  assert maps["encoder/layer_1/self_attention"].shape == (2, 5, 5)
+  assert maps["decoder/layer_0/cross_attention"].shape == (2, 4, 5)
+  for weights in maps.values():
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+  causal = maps["decoder/layer_1/self_attention"]
+  assert np.all(causal[:, np.triu_indices(4, k=1)[0], np.triu_indices(4, k=1)[1]] == 0)
+
+  model = Transformer(config)
+  inputs = np.asarray([source + [PAD_ID, PAD_ID]], np.int32)  # padded source
+  decoder_inputs = np.asarray([[2, 9, 10, 11]], np.int32)
+  plain = model.apply({"params": params}, inputs, decoder_inputs)
+  recorded, state = model.apply({"params": params}, inputs, decoder_inputs,
+                                mutable=["intermediates"])
+  np.testing.assert_allclose(recorded, plain, atol=1e-5)
+  cross = state["intermediates"]["decoder"]["layer_0"]["cross_attention"]["attention_weights"][0]
+  assert np.all(np.asarray(cross)[..., 5:] == 0)  # padding keys get no weight

@@ -190,7 +190,8 @@ def test_an_unreadable_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_
   while not (workdir / "checkpoints" / "4").is_dir():
     assert time.monotonic() < deadline, "the checkpoint of step 4 never completed"
     time.sleep(0.1)
-  damaged = [f for f in (workdir / "checkpoints" / "4" / "state").rglob("*") if f.parent.name == "d"]
+  state_dir = workdir / "checkpoints" / "4" / "state"
+  damaged = [f for f in state_dir.rglob("*") if f.parent.name == "d"]
   assert damaged
   for f in damaged:
     f.write_bytes(b"not a chunk")

@@ -134,3 +134,20 @@ def test_tune_decoding_picks_the_beam_and_alpha_with_the_best_validation_bleu(tr
     tune_decoding.tune(str(workdir), [-1.0])
   with pytest.raises(ValueError, match="beam size must be >= 1"):
     tune_decoding.tune(str(workdir), [0.6], beam_sizes=[0])
+
+
+def test_attention_figure_of_a_translation(trained_run, tmp_path):
+  pytest.importorskip("matplotlib")
+  from transformer_jax import plot_attention
+
+  workdir, _ = trained_run
+  run = translate.load_run(str(workdir), "latest", beam_size=1)
+  sentence = run.tokenizer.decode(list(range(4, 9)))
+  output = tmp_path / "attention.png"
+  result = plot_attention.figure_for_sentence(
+      str(workdir), sentence, layer=-1, which="latest", beam_size=1, output=str(output)
+  )
+  assert result["translation"] == translate.translate_lines(run, [sentence])[0]
+  assert result["layer"] == 0 and output.read_bytes()[:4] == b"\x89PNG"
+  with pytest.raises(ValueError, match="--layer=3: the model has 1 layers"):
+    plot_attention.figure_for_sentence(str(workdir), sentence, layer=3, which="latest")

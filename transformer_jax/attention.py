@@ -114,8 +114,11 @@ def dot_product_attention(
     dropout_rng: jax.Array | None = None,
     dropout_rate: float = 0.0,
     deterministic: bool = True,
-) -> jax.Array:
+    return_weights: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
   """softmax(Q Kᵀ / √d_k) V — §3.2.1, Eq. 1, per head.
+
+  With `return_weights` also the attention weights [b, h, q, k] (float32, before dropout).
 
   query/key [b, q|k, h, d_k], value [b, k, h, d_v] -> [b, q, h, d_v]. The logits and softmax are
   computed in float32 whatever the compute dtype, so bf16 training keeps an exact-enough
@@ -127,12 +130,14 @@ def dot_product_attention(
   if mask is not None:
     # A large negative rather than -inf keeps fully-masked rows (padding queries) finite.
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1)  # [b, h, q, k], float32
+  probabilities = jax.nn.softmax(logits, axis=-1)  # [b, h, q, k], float32
+  weights = probabilities
   if not deterministic and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
   weights = weights.astype(value.dtype)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d]
+  out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d_v]
+  return (out, probabilities) if return_weights else out
 
 
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
@@ -292,10 +297,14 @@ class MultiHeadAttention(nn.Module):
         dense_mask=mask is not None
         and (not isinstance(mask, AttentionMask) or mask.extra is not None),
     )
-    if impl == "einsum":
+    # Applying with mutable=["intermediates"] records every layer's attention weights
+    # [b, h, q, k] as "attention_weights" (for figures, transformer_jax/plot_attention.py);
+    # only the einsum path has them. Otherwise sow is never reached and costs nothing.
+    capture = self.is_mutable_collection("intermediates")
+    if impl == "einsum" or capture:
       if isinstance(mask, AttentionMask):
         mask = mask.dense(query.shape[1])
-      out = dot_product_attention(
+      out, weights = dot_product_attention(
           query,
           key,
           value,
@@ -303,7 +312,10 @@ class MultiHeadAttention(nn.Module):
           dropout_rng=self.make_rng("dropout") if dropout else None,
           dropout_rate=cfg.attention_dropout_rate,
           deterministic=cfg.deterministic,
-      )  # [b, q, h, d_v]
+          return_weights=True,
+      )  # [b, q, h, d_v], [b, h, q, k]
+      if capture:
+        self.sow("intermediates", "attention_weights", weights)
     else:
       out = fused_dot_product_attention(query, key, value, mask, implementation=impl)
     w_out = projection(

@@ -423,6 +423,8 @@ def run(
   log = MetricLog(workdir)
   dropout_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
   start_step = int(state.step)
+  # Marks a session: its elapsed_s count from zero again (transformer_jax/plot.py adds them up).
+  log.write(start_step, "start", {"resumed": restored is not None})
   num_steps = config.train.num_steps
   eval_split = dataset.splits["eval"]
   bleu_subset = eval_split.examples[: config.eval.num_sentences]

@@ -1,0 +1,152 @@
+"""Training curves of one or more runs, from their `metrics.jsonl`, as one PNG.
+
+  python -m transformer_jax.plot --workdir DIR [--workdir DIR2 ...] [--x step|time]
+      [--output curves.png]
+
+Four panels: training NLL (per target token, without label smoothing), validation perplexity,
+validation BLEU (periodic evaluations) and the learning rate (Eq. 3), against the step or against
+wall-clock minutes of training. Several workdirs are drawn on the same axes, labelled by their
+directory names, to compare runs (e.g. the rows of a Table 3 sweep).
+
+A run resumed over several sessions is drawn as one curve: where a session redid steps (it
+resumed from a checkpoint older than its last log line) the later record wins, and wall time adds
+up across sessions (each session's `elapsed_s` starts at zero). Prints one JSON line: the output
+path and, per run, its last step, minutes, and final results where the run has them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags
+
+PANELS = (  # (title, record kind, key)
+    ("training NLL", "train", "nll"),
+    ("validation perplexity", "eval", "perplexity"),
+    ("validation BLEU (periodic subset)", "eval", "bleu"),
+    ("learning rate", "train", "learning_rate"),
+)
+
+
+def _define_flags():
+  flags.DEFINE_multi_string("workdir", [], "A training run's --workdir; repeat to compare runs.")
+  flags.DEFINE_enum("x", "step", ["step", "time"], "Horizontal axis: step or training minutes.")
+  flags.DEFINE_string("output", "", "PNG to write; default: WORKDIR/curves.png (first workdir).")
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """The records of `workdir/metrics.jsonl`; a line that is not a record names file and line."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist: is {workdir} the --workdir of a training run?")
+  records = []
+  with open(path) as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{number}: not a JSON record ({e.msg})") from None
+      if not isinstance(record, dict) or "step" not in record or "kind" not in record:
+        raise ValueError(f"{path}:{number}: a record needs 'step' and 'kind', got {line[:80]!r}")
+      records.append(record)
+  return records
+
+
+def curves(records: list[dict], x: str = "step") -> dict[str, tuple[list[float], list[float]]]:
+  """Panel title -> (xs, ys), sorted by step; x is the step or cumulative training minutes."""
+  offset, last_elapsed = 0.0, 0.0
+  latest: dict[tuple[str, int], tuple[float, dict]] = {}
+  for record in records:
+    elapsed = record.get("elapsed_s")
+    if record["kind"] == "start":  # a new session: its clock starts at zero
+      offset, last_elapsed = offset + last_elapsed, 0.0
+    elif elapsed is not None:
+      if elapsed < last_elapsed:  # the same, in a file written before "start" records existed
+        offset += last_elapsed
+      last_elapsed = elapsed
+    minutes = (offset + (elapsed if elapsed is not None else last_elapsed)) / 60.0
+    latest[(record["kind"], int(record["step"]))] = (minutes, record)  # a redone step: later wins
+  series = {}
+  for title, kind, key in PANELS:
+    points = sorted(
+        (step, minutes, record[key])
+        for (k, step), (minutes, record) in latest.items()
+        if k == kind and isinstance(record.get(key), (int, float))
+    )
+    series[title] = (
+        [float(step if x == "step" else minutes) for step, minutes, _ in points],
+        [float(value) for _, _, value in points],
+    )
+  return series
+
+
+def plot(runs: dict[str, list[dict]], output: str, x: str = "step") -> None:
+  """Draws every run's curves on four shared panels and writes `output` (PNG)."""
+  try:
+    import matplotlib
+  except ImportError:
+    raise ImportError("plotting needs matplotlib: pip install -e '.[plots]'") from None
+  matplotlib.use("Agg")  # files only; no display needed
+  import matplotlib.pyplot as plt
+
+  figure, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+  for label, records in runs.items():
+    for axis, (title, points) in zip(axes.flat, curves(records, x).items()):
+      xs, ys = points
+      if xs:
+        axis.plot(xs, ys, marker="o" if len(xs) < 12 else None, markersize=3, label=label)
+  for axis, (title, _, key) in zip(axes.flat, PANELS):
+    axis.set_title(title)
+    axis.set_xlabel("step" if x == "step" else "training minutes")
+    axis.grid(alpha=0.3)
+    if key in ("nll", "perplexity"):
+      axis.set_yscale("log")
+  axes.flat[0].legend()
+  figure.savefig(output, dpi=100)
+  plt.close(figure)
+
+
+def summary(workdir: str, records: list[dict]) -> dict:
+  train = curves(records, "time")["training NLL"]
+  steps = curves(records, "step")["training NLL"]
+  out = {
+      "workdir": workdir,
+      "last_step": int(steps[0][-1]) if steps[0] else None,
+      "training_minutes": round(train[0][-1], 1) if train[0] else None,
+  }
+  results = os.path.join(workdir, "results.json")
+  if os.path.exists(results):
+    with open(results) as f:
+      final = json.load(f)
+    out.update({k: final[k] for k in ("test_bleu", "eval_perplexity") if k in final})
+  return out
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  args = flags.FLAGS
+  if not args.workdir:
+    raise app.UsageError("--workdir is required (repeat it to compare runs)")
+  try:
+    runs = {os.path.basename(os.path.normpath(w)) or w: read_metrics(w) for w in args.workdir}
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(str(e)) from None
+  if len(runs) < len(args.workdir):
+    raise app.UsageError(
+        "two workdirs share a directory name: the legend could not tell them apart"
+    )
+  output = args.output or os.path.join(args.workdir[0], "curves.png")
+  plot(runs, output, args.x)
+  print(json.dumps({
+      "output": output,
+      "runs": [summary(w, r) for w, r in zip(args.workdir, runs.values())],
+  }))
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)
