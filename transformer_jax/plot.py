@@ -83,15 +83,21 @@ def curves(records: list[dict], x: str = "step") -> dict[str, tuple[list[float],
   return series
 
 
-def plot(runs: dict[str, list[dict]], output: str, x: str = "step") -> None:
-  """Draws every run's curves on four shared panels and writes `output` (PNG)."""
+def pyplot():
+  """matplotlib.pyplot drawing to files (no display needed), or an error saying what to install."""
   try:
     import matplotlib
   except ImportError:
     raise ImportError("plotting needs matplotlib: pip install -e '.[plots]'") from None
-  matplotlib.use("Agg")  # files only; no display needed
+  matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  return plt
+
+
+def plot(runs: dict[str, list[dict]], output: str, x: str = "step") -> None:
+  """Draws every run's curves on four shared panels and writes `output` (PNG)."""
+  plt = pyplot()
   figure, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
   for label, records in runs.items():
     for axis, (title, points) in zip(axes.flat, curves(records, x).items()):

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from transformer_jax import cli, plot
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
 from transformer_jax.model import Transformer
 
@@ -69,13 +70,7 @@ def token_labels(tokenizer, ids) -> list[str]:
 
 def draw(maps: dict[str, np.ndarray], layer: int, labels: dict[str, list[str]], output: str):
   """One row per attention kind of `layer`, one column per head; writes `output` (PNG)."""
-  try:
-    import matplotlib
-  except ImportError:
-    raise ImportError("plotting needs matplotlib: pip install -e '.[plots]'") from None
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = plot.pyplot()
   rows = [(title, maps[f"{stack}/layer_{layer}/{name}"], stack, name)
           for stack, name, title in KINDS]
   heads = rows[0][1].shape[0]
@@ -129,8 +124,6 @@ def figure_for_sentence(
 
 
 def main(argv):
-  from transformer_jax import cli
-
   args = cli.workdir_args(argv)
   if not args.sentence:
     raise app.UsageError("--sentence is required")

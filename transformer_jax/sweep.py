@@ -184,7 +184,7 @@ def main(argv):
     try:  # every row, before any of them trains
       for row in rows:
         row_config(module, row, overrides)
-    except (config_lib.ConfigError, ValueError) as e:
+    except ValueError as e:  # config.ConfigError included
       sys.exit(f"error: row {row}: {e}")
 
   root, failed = _absolute(args.workdir_root), []
