@@ -9,6 +9,7 @@ checkpoint collectively, which this (pytest) process then restores onto one devi
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -186,14 +187,11 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
     np.testing.assert_array_equal(value, two[key], err_msg=key)
 
 
-def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_path):
-  """JAX's preemption service: only process 1 gets SIGTERM, yet both save the same step, skip
-  the final evaluation and exit 143 (preemption.py)."""
-  import signal
-  import time
-
+@contextlib.contextmanager
+def two_train_py_processes(workdir, *args):
+  """train.py as two processes of one job (2 CPU devices each), stderr piped; whatever is still
+  running at the end of the block is killed."""
   port = free_port()
-  workdir = tmp_path / "run"
   env = {
       **os.environ,
       "JAX_PLATFORMS": "cpu",
@@ -202,17 +200,33 @@ def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_pat
   procs = [
       subprocess.Popen(
           [sys.executable, "train.py", "--config", "configs/quickstart.py:smoke",
-           "--workdir", str(workdir), "--config.train.num_steps=100000",
-           "--config.train.log_every=1", "--config.train.checkpoint_every=1000",
-           "--config.distributed.enabled=True",
+           "--workdir", str(workdir), *args, "--config.distributed.enabled=True",
            f"--config.distributed.coordinator_address=127.0.0.1:{port}",
            "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}"],
           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
       )
       for i in range(2)
   ]  # fmt: skip
-  logs = ["", ""]
   try:
+    yield procs
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_path):
+  """JAX's preemption service: only process 1 gets SIGTERM, yet both save the same step, skip
+  the final evaluation and exit 143 (preemption.py)."""
+  import signal
+  import time
+
+  workdir = tmp_path / "run"
+  with two_train_py_processes(
+      workdir, "--config.train.num_steps=100000", "--config.train.log_every=1",
+      "--config.train.checkpoint_every=1000",
+  ) as procs:
     metrics = workdir / "metrics.jsonl"  # written by process 0 only
     deadline = time.monotonic() + TIMEOUT_S
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
@@ -221,11 +235,6 @@ def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_pat
       time.sleep(0.2)
     procs[1].send_signal(signal.SIGTERM)
     logs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
   assert [p.returncode for p in procs] == [143, 143], [log[-3000:] for log in logs]
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert records[-1]["kind"] == "preempted"
@@ -234,6 +243,48 @@ def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_pat
   assert not (workdir / "results.json").exists()
   for log in logs:
     assert f"preempted at step {stopped_at}" in log
+
+
+def test_two_processes_set_aside_an_unreadable_checkpoint_together_and_resume(tmp_path):
+  """checkpoint.restore_newest_readable with two processes: both find step 4 unreadable (an
+  allgather), process 0 moves it aside, a barrier, and both resume from step 2."""
+  workdir = tmp_path / "run"
+  tiny = [
+      "--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.d_ff=64",
+      "--config.model.max_len=32", "--config.data.max_len=24", "--config.data.num_buckets=1",
+      "--config.data.synthetic_train_size=400", "--config.data.synthetic_eval_size=16",
+      "--config.eval.num_sentences=16", "--config.train.checkpoint_every=2",
+      "--config.train.keep_checkpoints=5",
+  ]
+
+  def train_two_processes(num_steps):
+    with two_train_py_processes(workdir, f"--config.train.num_steps={num_steps}", *tiny) as procs:
+      logs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
+    return logs
+
+  train_two_processes(4)
+  checkpoints = workdir / "checkpoints"
+
+  def saved_steps():
+    return {int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()}
+
+  assert max(saved_steps()) == 4 and 2 in saved_steps()
+  damaged = [f for f in (checkpoints / "4" / "state").rglob("*") if f.parent.name == "d"]
+  assert damaged
+  for f in damaged:
+    f.write_bytes(b"not a chunk")
+
+  logs = train_two_processes(6)
+  assert (workdir / "checkpoints.unreadable" / "4" / "state").is_dir()  # moved once, by process 0
+  assert sorted(p.name for p in (workdir / "checkpoints.unreadable").iterdir()) == ["4"]
+  assert "moved to" in logs[0] and "moved to" not in logs[1]
+  assert all("checkpoint step 4" in log for log in logs)  # each process reports the failure
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  starts = [r["step"] for r in records if r["kind"] == "start"]
+  assert starts == [0, 2]  # the second session resumed from step 2
+  assert json.loads((workdir / "results.json").read_text())["step"] == 6
+  assert {2, 4, 6} <= saved_steps()  # step 4 saved again, from the redone steps
 
 
 def test_distributed_config_is_validated_and_off_by_default():
