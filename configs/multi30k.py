@@ -17,6 +17,9 @@ this machine the result is bound by how many steps fit in the hour. Session 5: b
 (--config.model.dtype=bfloat16) matched float32's loss per step but was at most ~5% faster and
 stopped at 2,650 steps in a slow hour (test 37.13, 37.37 with α 1.5 chosen on valid); 1k-token
 batches moved ~15% fewer tokens per second and fell behind at equal time (stopped at 18 min).
+Session 6: the unscaled Eq. 3 (lr_multiplier 1.0) fell behind after its peak; d_model 192 with
+d_ff 384 (lr_multiplier 0.6, bf16) fitted 3,700 steps in the hour and gave the best validation
+figures so far (perplexity 6.26, BLEU 38.79 with α 1.2) but test 37.08, so d_model stays 256.
 
 Hardware and time: the run stops itself after train.max_train_minutes = 58 of training
 (compilations, periodic evaluations and checkpoints included), however many steps fit: 2,750
