@@ -249,16 +249,15 @@ def test_two_processes_set_aside_an_unreadable_checkpoint_together_and_resume(tm
   """checkpoint.restore_newest_readable with two processes: both find step 4 unreadable (an
   allgather), process 0 moves it aside, a barrier, and both resume from step 2."""
   workdir = tmp_path / "run"
-  tiny = [
-      "--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.d_ff=64",
-      "--config.model.max_len=32", "--config.data.max_len=24", "--config.data.num_buckets=1",
-      "--config.data.synthetic_train_size=400", "--config.data.synthetic_eval_size=16",
-      "--config.eval.num_sentences=16", "--config.train.checkpoint_every=2",
-      "--config.train.keep_checkpoints=5",
-  ]
+  from testing import tiny_overrides
+
+  tiny = [f"--config.{key}={value}" for key, value in tiny_overrides().items()]
 
   def train_two_processes(num_steps):
-    with two_train_py_processes(workdir, f"--config.train.num_steps={num_steps}", *tiny) as procs:
+    with two_train_py_processes(
+        workdir, *tiny, f"--config.train.num_steps={num_steps}",
+        "--config.train.checkpoint_every=2", "--config.train.keep_checkpoints=5",
+    ) as procs:
       logs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
     return logs

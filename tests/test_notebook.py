@@ -7,7 +7,7 @@ import pathlib
 import subprocess
 import sys
 
-from testing import tiny_train_config
+from testing import tiny_overrides
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "colab.ipynb"
@@ -53,13 +53,7 @@ def test_every_code_cell_parses_and_one_cell_holds_the_parameters():
 
 
 def test_the_notebook_trains_plots_translates_and_draws_attention(tmp_path):
-  # The quickstart shrunk as in the other tests (tiny_train_config's changes as OVERRIDES).
-  tiny = tiny_train_config().to_dict()
-  overrides = {
-      f"{section}.{key}": value
-      for section in ("model", "data", "eval", "train")
-      for key, value in tiny[section].items()
-  }
+  overrides = tiny_overrides()  # the quickstart shrunk as in the other tests
   workdir = tmp_path / "run"
   parameters = (
       f"CONFIG = 'quickstart:smoke'\nWORKDIR = {str(workdir)!r}\n"

@@ -47,3 +47,14 @@ def tiny_train_config():
   config.eval.num_sentences = 16
   config.train.warmup_steps = 10
   return config
+
+
+def tiny_overrides() -> dict:
+  """tiny_train_config as dotted keys ("model.d_model": 32, ...) over the quickstart smoke
+  config: for runs configured from outside (train.py flags, the notebook's OVERRIDES)."""
+  tiny = tiny_train_config().to_dict()
+  return {
+      f"{section}.{key}": value
+      for section in ("model", "data", "eval", "train")
+      for key, value in tiny[section].items()
+  }
