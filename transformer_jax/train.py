@@ -362,8 +362,12 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
           "Use a new --workdir, or the saved config."
       )
   if jax.process_index() == 0:
-    with open(path, "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
+    # Atomically: the other processes of a multi-process run read this file at the same moment.
+    def write(tmp):
+      with open(tmp, "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+
+    pipeline.atomic_write(path, write)
 
 
 # ----------------------------------------------------------------------------- the loop

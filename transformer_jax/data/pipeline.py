@@ -180,7 +180,7 @@ def word_tokenizer(tokenizer: WordTokenizer, workdir: str | None) -> WordTokeniz
     logging.info("data: reusing the vocabulary in %s", path)
     return saved
   if _is_chief():
-    _atomic_write(path, tokenizer.save)
+    atomic_write(path, tokenizer.save)
   return tokenizer
 
 
@@ -267,7 +267,7 @@ def _wait_for_chief(tag: str) -> None:
     multihost_utils.sync_global_devices(tag)
 
 
-def _atomic_write(path: str, write) -> None:
+def atomic_write(path: str, write) -> None:
   """`write(tmp_path)` then a rename: a reader never sees half a file."""
   tmp = f"{path}.tmp{os.getpid()}"
   write(tmp)
