@@ -76,3 +76,24 @@ def test_token_accuracy_counts_non_pad_hits():
   targets = np.array([[1, 0, 3, 4]])  # hits at 0, 2, 3; position 3 is padding
   weights = np.array([[1.0, 1.0, 1.0, 0.0]], np.float32)
   assert token_accuracy(logits, targets, weights) == 2.0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gradient_is_softmax_minus_smoothed_target(dtype):
+  """d loss / d logits = weight · (softmax(logits) − q), the closed form of §5.4's smoothed cross
+  entropy; checked in float32 and for bfloat16 logits (the mixed-precision path)."""
+  import jax
+  import jax.numpy as jnp
+
+  eps = 0.1
+  logits, targets, weights = example(3)
+  logits = jnp.asarray(logits, dtype)
+  grad = jax.grad(lambda z: label_smoothed_cross_entropy(z, targets, weights, eps)[0])(logits)
+  assert grad.dtype == logits.dtype
+  z = np.asarray(logits, np.float64)
+  softmax = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+  q = np.full(z.shape, eps / (V - 1))
+  np.put_along_axis(q, targets[..., None], 1.0 - eps, axis=-1)
+  expected = weights[..., None] * (softmax - q)
+  tol = 1e-6 if dtype == "float32" else 1e-2
+  np.testing.assert_allclose(np.asarray(grad, np.float64), expected, atol=tol)

@@ -111,6 +111,27 @@ def free_port() -> int:
       return s.getsockname()[1]
 
 
+def popen_logged(command, log_path, **kwargs) -> subprocess.Popen:
+  """Popen with stdout and stderr to `log_path`. Not a pipe: while the test waits on one process
+  nobody reads the other's pipe, which fills at 64 KB and blocks that process in a write, and the
+  first then waits for it forever in a collective or barrier (seen: a hang saving a checkpoint)."""
+  with open(log_path, "w") as log:  # the child keeps its own descriptor
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, **kwargs)
+  proc.log_path = log_path
+  return proc
+
+
+def wait_for_logs(procs) -> list[str]:
+  """Waits for every process (TIMEOUT_S each); their logs, in order."""
+  for proc in procs:
+    proc.wait(timeout=TIMEOUT_S)
+  return [read_log(proc) for proc in procs]
+
+
+def read_log(proc) -> str:
+  return pathlib.Path(proc.log_path).read_text(errors="replace")
+
+
 def launch(out, name, num_devices, num_processes=1, process_id=0, port=0, checkpoint_dir=""):
   env = {
       **os.environ,
@@ -125,23 +146,19 @@ def launch(out, name, num_devices, num_processes=1, process_id=0, port=0, checkp
       "--num_processes", str(num_processes), "--process_id", str(process_id),
       "--port", str(port), "--checkpoint_dir", checkpoint_dir,
   ]  # fmt: skip
-  return subprocess.Popen(
-      command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-  )
+  return popen_logged(command, pathlib.Path(out) / f"{name}_{process_id}.log", cwd=REPO, env=env)
 
 
 def wait_all(procs):
-  logs = {}
   try:
-    for name, proc in procs.items():
-      logs[name], _ = proc.communicate(timeout=TIMEOUT_S)
+    logs = dict(zip(procs, wait_for_logs(procs.values())))
   finally:
     for proc in procs.values():  # only the processes this test started
       if proc.poll() is None:
         proc.kill()
         proc.wait()
   for name, proc in procs.items():
-    assert proc.returncode == 0, f"{name} failed:\n{logs.get(name, '')[-4000:]}"
+    assert proc.returncode == 0, f"{name} failed:\n{logs[name][-4000:]}"
 
 
 def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
@@ -189,21 +206,22 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
 
 @contextlib.contextmanager
 def two_train_py_processes(workdir, *args):
-  """train.py as two processes of one job (2 CPU devices each), stderr piped; whatever is still
-  running at the end of the block is killed."""
+  """train.py as two processes of one job (2 CPU devices each), each logging to a file beside
+  `workdir` (`read_log`); whatever is still running at the end of the block is killed."""
   port = free_port()
   env = {
       **os.environ,
       "JAX_PLATFORMS": "cpu",
       "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
   }
+  session = len(list(workdir.parent.glob("process_0.*.log")))  # a new log per session
   procs = [
-      subprocess.Popen(
+      popen_logged(
           [sys.executable, "train.py", "--config", "configs/quickstart.py:smoke",
            "--workdir", str(workdir), *args, "--config.distributed.enabled=True",
            f"--config.distributed.coordinator_address=127.0.0.1:{port}",
            "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}"],
-          cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+          workdir.parent / f"process_{i}.{session}.log", cwd=REPO, env=env,
       )
       for i in range(2)
   ]  # fmt: skip
@@ -230,11 +248,11 @@ def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_pat
     metrics = workdir / "metrics.jsonl"  # written by process 0 only
     deadline = time.monotonic() + TIMEOUT_S
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-      assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+      assert all(p.poll() is None for p in procs), [read_log(p)[-2000:] for p in procs]
       assert time.monotonic() < deadline, "no training step logged in time"
       time.sleep(0.2)
     procs[1].send_signal(signal.SIGTERM)
-    logs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+    logs = wait_for_logs(procs)
   assert [p.returncode for p in procs] == [143, 143], [log[-3000:] for log in logs]
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert records[-1]["kind"] == "preempted"
@@ -258,7 +276,7 @@ def test_two_processes_set_aside_an_unreadable_checkpoint_together_and_resume(tm
         workdir, *tiny, f"--config.train.num_steps={num_steps}",
         "--config.train.checkpoint_every=2", "--config.train.keep_checkpoints=5",
     ) as procs:
-      logs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+      logs = wait_for_logs(procs)
     assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
     return logs
 

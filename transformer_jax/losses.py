@@ -26,14 +26,23 @@ def label_smoothed_cross_entropy(
   """
   vocab_size = logits.shape[-1]
   logits = logits.astype(jnp.float32)
-  log_probs = jax.nn.log_softmax(logits, axis=-1)  # [b, t, v]
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
+  # log p_v = logits_v - logsumexp(logits). Written with reductions over the vocabulary alone,
+  # never materialising log p (or a one-hot target) as a [b, t, v] array: XLA fuses the float32
+  # cast into each reduction, and the backward pass is one elementwise softmax-minus-target.
+  # (A gather of the target's log p would backpropagate as a scatter into a [b, t, v] array of
+  # zeros; at the big model's 32k tokens x 37k vocabulary that is ~5 GB written per step.)
+  log_z = jax.nn.logsumexp(logits, axis=-1)  # [b, t]
+  is_target = jnp.arange(vocab_size) == targets[..., None]  # [b, t, v] bool, fused, not stored
+  target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)  # [b, t]
+  nll = log_z - target_logit  # -log p_target
   if label_smoothing > 0.0:
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab_size - 1)
     # Cross entropy against q = low everywhere + (confidence - low) on the target:
-    #   -Σ_v q_v log p_v = -low Σ_v log p_v - (confidence - low) log p_target.
-    smoothed = -low * jnp.sum(log_probs, axis=-1) + (confidence - low) * nll
+    #   -Σ_v q_v log p_v = -low Σ_v log p_v - (confidence - low) log p_target,
+    # with Σ_v log p_v = Σ_v logits_v - V logsumexp(logits).
+    sum_log_probs = jnp.sum(logits, axis=-1) - vocab_size * log_z
+    smoothed = -low * sum_log_probs + (confidence - low) * nll
     # Entropy of q, its minimum over p: makes the optimum 0.
     normalizer = -(confidence * jnp.log(confidence) + (vocab_size - 1) * low * jnp.log(low + 1e-20))
     smoothed = smoothed - normalizer

@@ -27,7 +27,7 @@ import numpy as np
 import optax
 import tqdm
 
-from transformer_jax import checkpoint, distributed, losses, optim, preemption, sharding
+from transformer_jax import checkpoint, distributed, losses, optim, preemption, sharding, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
 from transformer_jax import evaluate as evaluate_lib
@@ -382,6 +382,7 @@ def run(
   this process first joins the multi-process job (see distributed.py).
   """
   config_lib.validate(config)
+  xla_flags.apply(config.xla_flags)  # before JAX creates a backend, which reads XLA_FLAGS
   distributed.initialize(config)  # before anything asks JAX for devices or the process index
   os.makedirs(workdir, exist_ok=True)
   _check_workdir_config(workdir, config)

@@ -21,7 +21,7 @@ import jax
 import ml_collections
 from absl import app, flags
 
-from transformer_jax import checkpoint, cli
+from transformer_jax import checkpoint, cli, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import Tokenizer
@@ -54,6 +54,7 @@ def load_trainer(workdir: str, beam_size=None, alpha=None):
   if alpha is not None:
     config.eval.alpha = alpha
   config_lib.validate(config)
+  xla_flags.apply(config.xla_flags)  # no-op once JAX has started (e.g. after training in-process)
   tokenizer = pipeline.load_workdir_tokenizer(workdir)
   model_config = config_lib.model_config(config, tokenizer.vocab_size)
   return config, tokenizer, train.Trainer(config, model_config)

@@ -1,0 +1,35 @@
+"""benchmarks/throughput.py runs end to end on the CPU and its analytic FLOP count (the MFU
+numerator) agrees with XLA's own count of the compiled train step."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_throughput_prints_one_json_line_whose_flop_count_matches_xla():
+  args = [
+      "--config", "configs/quickstart.py",
+      "--config.model.num_layers=2", "--config.model.d_model=64", "--config.model.num_heads=4",
+      "--config.model.d_ff=256", "--config.data.vocab_size=512",
+      "--batch_size=16", "--seq_len=24", "--steps=2", "--warmup=1",
+      "--peak_n=256", "--peak_repeats=2", "--peak_chain=3",
+  ]  # fmt: skip
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  out = subprocess.run(
+      [sys.executable, "benchmarks/throughput.py", *args],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+  assert len(lines) == 1
+  r = json.loads(lines[0])
+  assert r["batch_shape"] == [16, 24, 24] and r["target_tokens_per_step"] == 16 * 24
+  assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1.5
+  assert r["peak_matmul"].endswith("3 back to back")
+  # XLA counts every FLOP of the step (softmax, LayerNorm, Adam too); the analytic count is
+  # matmuls only, so it is a little lower, never higher (checks the formula's terms and factors).
+  assert 0.8 < r["flops_per_step"] / r["xla_flops_per_step"] <= 1.0
