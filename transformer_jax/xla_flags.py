@@ -47,7 +47,9 @@ def apply(flags: str) -> list[str]:
     return []
   from jax._src import xla_bridge  # private, but the only way to ask without creating one
 
-  if xla_bridge.backends_are_initialized():
+  # Should a JAX release drop the private query, set the variable anyway: harmless if too late.
+  started = getattr(xla_bridge, "backends_are_initialized", lambda: False)
+  if started():
     current = _names_set(os.environ.get("XLA_FLAGS", ""))
     missing = [token for name, token in wanted if name not in current and token not in _warned]
     if missing:
