@@ -42,27 +42,24 @@ def _names_set(xla_flags_env: str) -> set[str]:
 def apply(flags: str) -> list[str]:
   """Appends to XLA_FLAGS each flag of `flags` whose name XLA_FLAGS does not already set;
   returns the flags added. Does nothing (and warns) once JAX's backends exist."""
-  wanted = parse(flags)
-  if not wanted:
+  current_flags = os.environ.get("XLA_FLAGS", "")
+  current = _names_set(current_flags)
+  added = [token for name, token in parse(flags) if name not in current]
+  if not added:
     return []
   from jax._src import xla_bridge  # private, but the only way to ask without creating one
 
   # Should a JAX release drop the private query, set the variable anyway: harmless if too late.
   started = getattr(xla_bridge, "backends_are_initialized", lambda: False)
   if started():
-    current = _names_set(os.environ.get("XLA_FLAGS", ""))
-    missing = [token for name, token in wanted if name not in current and token not in _warned]
-    if missing:
-      _warned.update(missing)
+    unreported = [token for token in added if token not in _warned]
+    if unreported:
+      _warned.update(unreported)
       logging.warning(
           "config.xla_flags %s not applied: JAX's backends already exist (XLA reads XLA_FLAGS "
           "when the first one is created); set XLA_FLAGS before the first JAX computation",
-          missing,
+          unreported,
       )
     return []
-  current_flags = os.environ.get("XLA_FLAGS", "")
-  current = _names_set(current_flags)
-  added = [token for name, token in wanted if name not in current]
-  if added:
-    os.environ["XLA_FLAGS"] = " ".join([current_flags, *added]).strip()
+  os.environ["XLA_FLAGS"] = " ".join([current_flags, *added]).strip()
   return added
