@@ -20,6 +20,8 @@ batches moved ~15% fewer tokens per second and fell behind at equal time (stoppe
 Session 6: the unscaled Eq. 3 (lr_multiplier 1.0) fell behind after its peak; d_model 192 with
 d_ff 384 (lr_multiplier 0.6, bf16) fitted 3,700 steps in the hour and gave the best validation
 figures so far (perplexity 6.26, BLEU 38.79 with α 1.2) but test 37.08, so d_model stays 256.
+Session 8: a 4k vocabulary (--config.data.vocab_size=4000) fitted 3,050 steps in a fast hour but
+gave test 36.77 (validation BLEU 37.73, α 1.2), so the vocabulary stays 8k.
 
 Hardware and time: the run stops itself after train.max_train_minutes = 58 of training
 (compilations, periodic evaluations and checkpoints included), however many steps fit: 2,750

@@ -143,6 +143,8 @@ def _assert_same_final_state(workdir_a, workdir_b):
   """Bit-identical parameters and optimizer state, and the input pipeline at the same place."""
   state_a, data_a = _final_params(workdir_a)
   state_b, data_b = _final_params(workdir_b)
+  # Beside the pipeline's position, each checkpoint records the run's training time so far.
+  assert data_a.pop("train_seconds") > 0 and data_b.pop("train_seconds") > 0
   assert data_a == data_b
   params_close(state_a.params, state_b.params, rtol=0, atol=0)
   params_close(state_a.opt_state, state_b.opt_state, rtol=0, atol=0)
@@ -214,20 +216,40 @@ def test_an_unreadable_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == steps
 
 
-def test_time_budget_stops_with_a_checkpoint_and_the_next_session_resumes(tmp_path):
+def test_budget_spent_compares_the_runs_training_time_with_the_budget():
+  assert not train._budget_spent(60.0, 59.9)
+  assert train._budget_spent(60.0, 60.0)
+  assert not train._budget_spent(0.0, 1e9)  # 0 = no budget
+
+
+def test_time_budget_is_the_runs_across_sessions(tmp_path):
   # A budget this small is spent at the first check (every log_every = 2 steps).
   config = tiny_config(num_steps=6, checkpoint_every=100, log_every=2, max_train_minutes=1e-9)
   workdir = str(tmp_path)
-  results = train.run(config, workdir, devices=jax.devices()[:1])
-  assert results["step"] == 2 and results["stopped_by"] == "train.max_train_minutes"
-  assert _final_params(workdir)[0].step == 2  # checkpointed where it stopped, off the interval
+  first = train.run(config, workdir, devices=jax.devices()[:1])
+  assert first["step"] == 2 and first["stopped_by"] == "train.max_train_minutes"
+  state, data_state = _final_params(workdir)
+  assert state.step == 2  # checkpointed where it stopped, off the interval
+  recorded = data_state["train_seconds"]
+  assert 0 < recorded <= first["train_seconds"] == first["train_seconds_this_session"]
 
-  results = train.run(config, workdir, devices=jax.devices()[:1])  # a new session, a new budget
-  assert results["step"] == 4
+  # The budget is the run's, not the session's: the rerun trains nothing and re-evaluates.
+  again = train.run(config, workdir, devices=jax.devices()[:1])
+  assert again["step"] == 2 and again["stopped_by"] == "train.max_train_minutes"
+  assert again["train_seconds"] >= recorded
+  assert sorted(_train_losses(workdir)) == [2]
 
-  config.train.max_train_minutes = 0.0  # no budget: runs to num_steps
+  config.train.max_train_minutes = 60.0  # a larger budget extends it, counting on from there
   results = train.run(config, workdir, devices=jax.devices()[:1])
   assert results["step"] == 6 and results["stopped_by"] == "train.num_steps"
+  assert results["train_seconds"] == pytest.approx(
+      recorded + results["train_seconds_this_session"], abs=0.2
+  )
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    starts = [json.loads(line) for line in f if '"start"' in line]
+  # The session that trained nothing saved no checkpoint: the third starts from the first's.
+  before = [s["train_seconds_before"] for s in starts]
+  assert before == [0.0, round(recorded, 1), round(recorded, 1)]
   assert sorted(_train_losses(workdir)) == [2, 4, 6]
 
 

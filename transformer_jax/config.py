@@ -80,9 +80,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 5
   c.train.eval_every = 0  # 0 = evaluate only at the end
   c.train.average_last = 0  # §6.1: final evaluation on the mean of the last N checkpoints; 0 = off
-  # Wall-clock budget for this session's training loop (compilation, periodic evaluation and
-  # checkpointing included; the final evaluation not). Checked every `log_every` steps; when it is
-  # spent the run checkpoints and stops early, before `num_steps`. 0 = no budget.
+  # Wall-clock budget for the run's training loop, summed over its sessions (compilation,
+  # periodic evaluation and checkpointing included; the final evaluation not). Each checkpoint
+  # records the training time so far, so a run preempted after 20 minutes of a 60-minute budget
+  # trains 40 more when resumed. Checked every `log_every` steps; when it is spent the run
+  # checkpoints and stops early, before `num_steps`. 0 = no budget.
   c.train.max_train_minutes = 0.0
 
   c.eval = ml_collections.ConfigDict()

@@ -44,6 +44,9 @@ MODEL_KEYS = (
     "inputs_segmentation",
     "targets_segmentation",
 )
+# Key of the checkpoint's JSON item (beside the input pipeline's position) holding the run's
+# training time so far: train.max_train_minutes is a budget for the run, not for each session.
+_TRAIN_SECONDS = "train_seconds"
 
 
 @flax.struct.dataclass
@@ -416,10 +419,16 @@ def run(
       workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
   )
   restored = checkpoint.restore_newest_readable(manager, trainer.abstract_state())
+  prior_seconds = 0.0  # training time of the run's earlier sessions, up to the checkpoint
   if restored is not None:
     state, data_state = restored
+    # Checkpoints written before the field existed count as no time spent.
+    prior_seconds = float(data_state.pop(_TRAIN_SECONDS, 0.0))
     train_iter.set_state(data_state)
-    logging.info("resumed from step %d in %s", int(state.step), workdir)
+    logging.info(
+        "resumed from step %d in %s (%.0f s of training so far)",
+        int(state.step), workdir, prior_seconds,
+    )
   else:
     state = trainer.init_state(config.seed)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
@@ -429,8 +438,20 @@ def run(
   dropout_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
   start_step = int(state.step)
   # Marks a session: its elapsed_s count from zero again (transformer_jax/plot.py adds them up).
-  log.write(start_step, "start", {"resumed": restored is not None})
+  log.write(
+      start_step, "start",
+      {"resumed": restored is not None, "train_seconds_before": round(prior_seconds, 1)},
+  )
   num_steps = config.train.num_steps
+  budget_s = 60.0 * config.train.max_train_minutes
+  # A run whose budget was spent in an earlier session trains no further: like a run that reached
+  # num_steps, rerunning it only redoes the final evaluation. Raise the budget to extend it.
+  last_step = start_step if budget_s and prior_seconds >= budget_s else num_steps
+  if last_step < num_steps:
+    logging.info(
+        "train.max_train_minutes=%g was spent in earlier sessions (%.0f s): no training",
+        config.train.max_train_minutes, prior_seconds,
+    )
   eval_split = dataset.splits["eval"]
   bleu_subset = eval_split.examples[: config.eval.num_sentences]
   bleu_refs = [t for _, t in eval_split.pairs[: config.eval.num_sentences]]
@@ -447,7 +468,7 @@ def run(
   train_start = time.perf_counter()
   preempted = False
   with preemption.Preemption() as preempt:
-    for step in range(start_step + 1, num_steps + 1):
+    for step in range(start_step + 1, last_step + 1):
       batch = next(train_iter)
       padding.append(batching.padding_efficiency(batch))
       state, metrics = trainer.train_step(state, batch, dropout_rng)
@@ -492,12 +513,11 @@ def run(
         )
         interval_start = time.perf_counter()
 
-      out_of_time = step % config.train.log_every == 0 and _budget_spent(
-          config.train.max_train_minutes, train_start
-      )
+      train_seconds = prior_seconds + time.perf_counter() - train_start
+      out_of_time = step % config.train.log_every == 0 and _budget_spent(budget_s, train_seconds)
       preempted = preempt.reached(step)  # SIGTERM: save this step, stop (preemption.py)
       if checkpoint.save(
-          manager, step, state, train_iter.get_state(),
+          manager, step, state, {**train_iter.get_state(), _TRAIN_SECONDS: train_seconds},
           force=step == num_steps or out_of_time or preempted,
       ):
         interval_start = time.perf_counter()  # keep save time out of throughput figures
@@ -509,15 +529,16 @@ def run(
       if out_of_time or preempted:
         break
   progress.close()
-  train_seconds = time.perf_counter() - train_start
+  session_seconds = time.perf_counter() - train_start
   manager.wait_until_finished()
   if preempted:  # the checkpoint is complete; the grace period is too short for evaluation
-    log.write(int(state.step), "preempted", {"elapsed_s": round(train_seconds, 1)})
+    log.write(int(state.step), "preempted", {"elapsed_s": round(session_seconds, 1)})
     manager.close()
     return {
         "step": int(state.step),
         "stopped_by": "preemption",
-        "train_seconds_this_session": round(train_seconds, 1),
+        "train_seconds": round(prior_seconds + session_seconds, 1),
+        "train_seconds_this_session": round(session_seconds, 1),
     }
 
   params, evaluated = state.params, f"step {int(state.step)}"
@@ -532,7 +553,8 @@ def run(
       parameters=evaluated,
       step=int(state.step),
       num_params=int(num_params),
-      train_seconds_this_session=round(train_seconds, 1),
+      train_seconds=round(prior_seconds + session_seconds, 1),
+      train_seconds_this_session=round(session_seconds, 1),
       stopped_by="train.num_steps" if int(state.step) >= num_steps else "train.max_train_minutes",
   )
   if jax.process_index() == 0:
@@ -543,11 +565,11 @@ def run(
   return results
 
 
-def _budget_spent(max_minutes: float, start: float) -> bool:
-  """Whether this session's training budget is spent; every process gets process 0's answer."""
-  if not max_minutes:
+def _budget_spent(budget_s: float, train_seconds: float) -> bool:
+  """Whether the run's training budget is spent; every process gets process 0's answer."""
+  if not budget_s:
     return False
-  spent = time.perf_counter() - start >= 60.0 * max_minutes
+  spent = train_seconds >= budget_s
   if jax.process_count() == 1:
     return spent
   from jax.experimental import multihost_utils
