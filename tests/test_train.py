@@ -236,7 +236,7 @@ def test_time_budget_is_the_runs_across_sessions(tmp_path):
   # The budget is the run's, not the session's: the rerun trains nothing and re-evaluates.
   again = train.run(config, workdir, devices=jax.devices()[:1])
   assert again["step"] == 2 and again["stopped_by"] == "train.max_train_minutes"
-  assert again["train_seconds"] >= recorded
+  assert again["train_seconds"] >= round(recorded, 1)  # results.json rounds to 0.1 s
   assert sorted(_train_losses(workdir)) == [2]
 
   config.train.max_train_minutes = 60.0  # a larger budget extends it, counting on from there
