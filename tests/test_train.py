@@ -119,10 +119,13 @@ def _final_params(workdir):
   return state, data_state
 
 
-def _train_losses(workdir):
+def _records(workdir, kind):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+    return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def _train_losses(workdir):
+  return {r["step"]: r["loss"] for r in _records(workdir, "train")}
 
 
 def _on_step(n, action):
@@ -245,10 +248,8 @@ def test_time_budget_is_the_runs_across_sessions(tmp_path):
   assert results["train_seconds"] == pytest.approx(
       recorded + results["train_seconds_this_session"], abs=0.2
   )
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    starts = [json.loads(line) for line in f if '"start"' in line]
   # The session that trained nothing saved no checkpoint: the third starts from the first's.
-  before = [s["train_seconds_before"] for s in starts]
+  before = [s["train_seconds_before"] for s in _records(workdir, "start")]
   assert before == [0.0, round(recorded, 1), round(recorded, 1)]
   assert sorted(_train_losses(workdir)) == [2, 4, 6]
 

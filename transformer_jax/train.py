@@ -446,7 +446,7 @@ def run(
   budget_s = 60.0 * config.train.max_train_minutes
   # A run whose budget was spent in an earlier session trains no further: like a run that reached
   # num_steps, rerunning it only redoes the final evaluation. Raise the budget to extend it.
-  last_step = start_step if budget_s and prior_seconds >= budget_s else num_steps
+  last_step = start_step if _budget_spent(budget_s, prior_seconds) else num_steps
   if last_step < num_steps:
     logging.info(
         "train.max_train_minutes=%g was spent in earlier sessions (%.0f s): no training",
