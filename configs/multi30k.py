@@ -4,9 +4,14 @@ Reproduces: no row of the paper; the paper's recipe (post-norm Transformer, shar
 vocabulary and embeddings, Adam with warmup and inverse-square-root decay, label smoothing 0.1,
 §5; the average of the last 5 checkpoints, beam 4 with α chosen on the development set, §6.1)
 scaled down to a corpus of 29k caption pairs: 3 layers, d_model 256, 8 heads, d_ff 512, dropout
-0.1, an 8k joint SentencePiece BPE vocabulary, batches of ~2k tokens per side.
+0.1 (and 0.1 on the attention weights, not in the paper), an 8k joint SentencePiece BPE
+vocabulary, batches of ~2k tokens per side.
 
-Expected: the target is sacreBLEU >= 38 on test2016 (cased, detokenized references). Measured
+Expected: sacreBLEU >= 38 on test2016 (cased, detokenized references). Measured (session 9,
+with attention dropout 0.1, the only change from the recipe below; 58 minutes of training on a
+fast hour of the 2-core CPU, 3,850 steps, the average of steps 3450-3850, beam 4, α 1.2): test
+sacreBLEU 38.81, tokenized 38.84, lowercased and tokenized 39.23; validation perplexity 5.91.
+Earlier sessions, without attention dropout:
 (2-core CPU, 58 minutes of training, 2,750 steps, ~12 epochs; the average of steps 2400-2750):
 test sacreBLEU 37.60 with α = 1.2, the best of five values on the validation set (validation
 BLEU 38.28), tokenized 37.64, lowercased and tokenized 38.06; validation perplexity 6.41. Still
@@ -59,6 +64,10 @@ def get_config(arg: str | None = None):
   config.model.num_layers = 3
   config.model.d_ff = 512  # a narrow FFN: more updates in the hour than d_ff 1024 (Table 3 (C))
   config.model.dropout_rate = 0.1
+  # Not in the paper (§5.4 drops only sub-layer outputs and embeddings): dropout 0.1 on the
+  # attention weights too. Session 9: validation perplexity 5.91 and test 38.81 in the hour,
+  # against 6.14 and 37.20 without it; residual dropout 0.3 instead learned far too slowly.
+  config.model.attention_dropout_rate = 0.1
   config.model.max_len = 128  # room for decoding up to input length + max_decode_extra
 
   config.data.source = "text"

@@ -18,7 +18,8 @@ RESUMED = [
     {"step": 0, "kind": "start", "resumed": False},
     {"step": 50, "kind": "train", "nll": 5.0, "learning_rate": 1e-3, "elapsed_s": 60.0},
     {"step": 100, "kind": "train", "nll": 4.0, "learning_rate": 2e-3, "elapsed_s": 120.0},
-    {"step": 100, "kind": "eval", "perplexity": 50.0, "bleu": 10.0, "elapsed_s": 130.0},
+    {"step": 100, "kind": "eval", "perplexity": 50.0, "train_subset_perplexity": 40.0,
+     "bleu": 10.0, "elapsed_s": 130.0},
     {"step": 50, "kind": "start", "resumed": True},
     {"step": 100, "kind": "train", "nll": 3.9, "learning_rate": 2e-3, "elapsed_s": 30.0},
     {"step": 150, "kind": "train", "nll": 3.0, "learning_rate": 3e-3, "elapsed_s": 90.0},
@@ -30,6 +31,7 @@ def test_a_resumed_run_is_one_curve_with_the_redone_steps_and_summed_wall_time()
   by_step = plot.curves(RESUMED, "step")
   assert by_step["training NLL"] == ([50.0, 100.0, 150.0], [5.0, 3.9, 3.0])  # the redo wins
   assert by_step["validation perplexity"] == ([100.0], [50.0])
+  assert by_step["training-pairs perplexity"] == ([100.0], [40.0])  # drawn dashed beside it
   assert by_step["validation BLEU (periodic subset)"] == ([100.0], [10.0])
   assert by_step["learning rate"][1] == [1e-3, 2e-3, 3e-3]
   by_time = plot.curves(RESUMED, "time")

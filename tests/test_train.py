@@ -1,6 +1,7 @@
 """The training loop: learning, sharding invariance, gradient accumulation, exact resume,
 preemption (SIGTERM), CLI."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -252,6 +253,24 @@ def test_time_budget_is_the_runs_across_sessions(tmp_path):
   before = [s["train_seconds_before"] for s in _records(workdir, "start")]
   assert before == [0.0, round(recorded, 1), round(recorded, 1)]
   assert sorted(_train_losses(workdir)) == [2, 4, 6]
+
+
+def test_final_evaluation_reports_the_training_pairs_loss_with_dropout_off(tmp_path):
+  config = tiny_config()
+  trainer, dataset = make_trainer(config, devices=jax.devices()[:1])
+  params = trainer.init_state(0).params
+  buckets = dataset.eval_bucket_lengths(config.data)
+  # With validation as the training split, the two losses are one measurement.
+  same = dataclasses.replace(dataset, splits={**dataset.splits, "train": dataset.splits["eval"]})
+  results = train.final_evaluation(trainer, params, same, buckets, str(tmp_path))
+  assert results["train_subset_sentences"] == len(dataset.splits["eval"].examples)
+  assert results["train_subset_nll"] == pytest.approx(results["eval_nll"], rel=1e-6)
+  # The real training pairs: the first as many as validation has, scored like validation.
+  results = train.final_evaluation(trainer, params, dataset, buckets, str(tmp_path))
+  probe = dataset.splits["train"].examples[: results["train_subset_sentences"]]
+  expected = trainer.evaluate_loss(params, probe, buckets)
+  assert results["train_subset_nll"] == pytest.approx(expected["nll"], rel=1e-6)
+  assert results["train_subset_perplexity"] == pytest.approx(np.exp(expected["nll"]), rel=1e-5)
 
 
 def test_sigterm_checkpoints_the_next_step_and_the_rerun_resumes_exactly(tmp_path, monkeypatch):

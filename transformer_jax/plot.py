@@ -3,10 +3,12 @@
   python -m transformer_jax.plot --workdir DIR [--workdir DIR2 ...] [--x step|time]
       [--output curves.png]
 
-Four panels: training NLL (per target token, without label smoothing), validation perplexity,
-validation BLEU (periodic evaluations) and the learning rate (Eq. 3), against the step or against
-wall-clock minutes of training. Several workdirs are drawn on the same axes, labelled by their
-directory names, to compare runs (e.g. the rows of a Table 3 sweep).
+Four panels: training NLL (per target token, without label smoothing), perplexity on validation
+(solid) and on as many training pairs with dropout off (dashed: the distance between the two is
+the generalization gap), validation BLEU (periodic evaluations) and the learning rate (Eq. 3),
+against the step or against wall-clock minutes of training. Several workdirs are drawn on the
+same axes in one colour each, labelled by their directory names, to compare runs (e.g. the rows
+of a Table 3 sweep).
 
 A run resumed over several sessions is drawn as one curve: where a session redid steps (it
 resumed from a checkpoint older than its last log line) the later record wins, and wall time adds
@@ -21,11 +23,18 @@ import os
 
 from absl import app, flags
 
-PANELS = (  # (title, record kind, key)
-    ("training NLL", "train", "nll"),
-    ("validation perplexity", "eval", "perplexity"),
-    ("validation BLEU (periodic subset)", "eval", "bleu"),
-    ("learning rate", "train", "learning_rate"),
+SERIES = (  # (name, record kind, key, panel, line style)
+    ("training NLL", "train", "nll", 0, "-"),
+    ("validation perplexity", "eval", "perplexity", 1, "-"),
+    ("training-pairs perplexity", "eval", "train_subset_perplexity", 1, "--"),
+    ("validation BLEU (periodic subset)", "eval", "bleu", 2, "-"),
+    ("learning rate", "train", "learning_rate", 3, "-"),
+)
+PANELS = (  # (title, log scale)
+    ("training NLL", True),
+    ("perplexity: validation (solid), training pairs, dropout off (dashed)", True),
+    ("validation BLEU (periodic subset)", False),
+    ("learning rate", False),
 )
 
 
@@ -56,7 +65,7 @@ def read_metrics(workdir: str) -> list[dict]:
 
 
 def curves(records: list[dict], x: str = "step") -> dict[str, tuple[list[float], list[float]]]:
-  """Panel title -> (xs, ys), sorted by step; x is the step or cumulative training minutes."""
+  """Series name -> (xs, ys), sorted by step; x is the step or cumulative training minutes."""
   offset, last_elapsed = 0.0, 0.0
   latest: dict[tuple[str, int], tuple[float, dict]] = {}
   for record in records:
@@ -70,13 +79,13 @@ def curves(records: list[dict], x: str = "step") -> dict[str, tuple[list[float],
     minutes = (offset + (elapsed if elapsed is not None else last_elapsed)) / 60.0
     latest[(record["kind"], int(record["step"]))] = (minutes, record)  # a redone step: later wins
   series = {}
-  for title, kind, key in PANELS:
+  for name, kind, key, _, _ in SERIES:
     points = sorted(
         (step, minutes, record[key])
         for (k, step), (minutes, record) in latest.items()
         if k == kind and isinstance(record.get(key), (int, float))
     )
-    series[title] = (
+    series[name] = (
         [float(step if x == "step" else minutes) for step, minutes, _ in points],
         [float(value) for _, _, value in points],
     )
@@ -99,16 +108,20 @@ def plot(runs: dict[str, list[dict]], output: str, x: str = "step") -> None:
   """Draws every run's curves on four shared panels and writes `output` (PNG)."""
   plt = pyplot()
   figure, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
-  for label, records in runs.items():
-    for axis, (title, points) in zip(axes.flat, curves(records, x).items()):
-      xs, ys = points
+  for color, (label, records) in enumerate(runs.items()):
+    series = curves(records, x)
+    for name, _, _, panel, style in SERIES:
+      xs, ys = series[name]
       if xs:
-        axis.plot(xs, ys, marker="o" if len(xs) < 12 else None, markersize=3, label=label)
-  for axis, (title, _, key) in zip(axes.flat, PANELS):
-    axis.set_title(title)
+        axes.flat[panel].plot(
+            xs, ys, style, color=f"C{color % 10}", marker="o" if len(xs) < 12 else None,
+            markersize=3, label=label if panel == 0 else None,
+        )
+  for axis, (title, log_scale) in zip(axes.flat, PANELS):
+    axis.set_title(title, fontsize=10)
     axis.set_xlabel("step" if x == "step" else "training minutes")
     axis.grid(alpha=0.3)
-    if key in ("nll", "perplexity"):
+    if log_scale:
       axis.set_yscale("log")
   axes.flat[0].legend()
   figure.savefig(output, dpi=100)
