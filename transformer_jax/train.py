@@ -598,8 +598,9 @@ def _periodic_eval(
 def _train_subset_loss(trainer: Trainer, params, examples, buckets) -> dict:
   """NLL and perplexity on training pairs with dropout off, as validation's are measured.
 
-  Their distance from validation's is the generalization gap: on Multi30k, 3,400 steps of the
-  dropout-0.1 model reached perplexity 2.3 on training pairs against 6.1 on validation.
+  Their distance from validation's is the generalization gap: on Multi30k, the hour of
+  configs/multi30k.py (3,850 steps) ends at perplexity 2.28 on training pairs against 5.91 on
+  validation.
   """
   if not examples:
     return {}
