@@ -22,10 +22,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from transformer_jax import errors
+
 UNREADABLE_DIR = "checkpoints.unreadable"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(errors.UserError):
   """A checkpoint that exists but cannot be restored; the message names the step and directory."""
 
 

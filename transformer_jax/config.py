@@ -11,7 +11,7 @@ import os
 
 import ml_collections
 
-from transformer_jax import sharding, xla_flags
+from transformer_jax import errors, sharding, xla_flags
 from transformer_jax.model import TransformerConfig
 
 SOURCES = ("synthetic", "text", "tfds")
@@ -141,7 +141,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
   )
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.UserError):
   """A config value is wrong; the message names the key."""
 
 

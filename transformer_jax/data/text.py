@@ -21,10 +21,12 @@ import glob
 import logging
 import os
 
+from transformer_jax import errors
+
 Pair = tuple[str, str]
 
 
-class CorpusError(ValueError):
+class CorpusError(errors.UserError):
   """A corpus file is malformed; the message names the file (and line, where there is one)."""
 
 
