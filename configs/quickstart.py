@@ -1,15 +1,14 @@
 """Quickstart: a tiny Transformer on the built-in synthetic translation task, offline, on a CPU.
 
 Reproduces: nothing from the paper; it shows the whole pipeline (data, training, checkpoints,
-decoding, sacreBLEU) working end to end in a few minutes. The synthetic task (see
-`transformer_jax/data/synthetic.py`) needs attention and word reordering: verbs move to the end,
-adjectives after their noun, and determiners agree with the noun.
+decoding, sacreBLEU) end to end in minutes. The synthetic task (`transformer_jax/data/
+synthetic.py`) needs attention and reordering: verbs move to the end, adjectives follow their
+noun, and determiners agree with the noun.
 
-Expected: test sacreBLEU > 90 (greedy decoding). Measured: 99.8 on the 500 test sentences after
-600 steps, 3.4 minutes wall time on an idle 2-core CPU (6 with another job running). BLEU on 200
-validation sentences: 92 at step 200, 98.6 at step 400.
+Expected: test sacreBLEU > 90 (greedy). Measured (2026-11-22, 2 vCPUs of a Xeon VM, idle): 99.8
+on the 500 test sentences after 600 steps, 3.4 minutes wall, compilation included.
+`:smoke` trains 4 steps, for tests.
 
-Command:
   python train.py --config configs/quickstart.py --workdir /tmp/quickstart
 """
 

@@ -1,34 +1,20 @@
-"""Table 3 of the paper: every variation of the base model, one config per row.
+"""Table 3 of the paper (§6.2): every variation of the base model, one config per row.
 
-Reproduces: §6.2, Table 3. Each row is the base model (`configs/base.py`: WMT 2014 EN→DE, shared
-~37k vocabulary, ~25k-token batches, Eq. 3 with warmup 4000, 100k steps) with the row's changes;
-unlisted values are the base model's. As in §6.2 the rows are scored on the development set,
-newstest2013 (TFDS `wmt14_translate/de-en` validation), with beam 4 and α = 0.6 and without
-checkpoint averaging: `results.json` then holds the development perplexity (per wordpiece, as in
-the paper) as `eval_perplexity` and the development BLEU as `test_bleu`.
+Reproduces: each row is `configs/base.py` (WMT 2014 EN→DE, 100k steps) with the row's changes,
+scored as §6.2 did on the development set, newstest2013, with beam 4, α 0.6 and no checkpoint
+averaging (`results.json`: `eval_perplexity` per wordpiece, and `test_bleu` on newstest2013).
+Rows (the argument after the colon): base; A1-A4 heads h = 1, 4, 16, 32 (d_k = d_v = d_model/h);
+B1-B2 d_k 16, 32; C1-C3 N = 2, 4, 8; C4-C5 d_model 256, 1024; C6-C7 d_ff 1024, 4096; D1-D2
+P_drop 0.0, 0.2; D3-D4 ε_ls 0.0, 0.2; E learned positions; big.
 
-Expected: the paper's figures, kept in `PAPER` below (PPL and BLEU on newstest2013, parameters in
-millions), within the noise of one training run; the BLEU is sacreBLEU here, not the paper's
-tokenized BLEU, so compare rows with each other first. Hardware and time: as `configs/base.py`
-(12 hours on 8 P100s per base row in the paper; "big" is 300k steps, 3.5 days).
+Expected: the paper's dev PPL, BLEU and parameter count, kept in `PAPER` below (BLEU here is
+sacreBLEU, not the paper's tokenized BLEU: compare rows with each other first). Hardware and
+time: as base.py (12 hours on 8 P100s per row in the paper; big 3.5 days). Status: targets, not
+yet run on WMT here; the sweep runner is tested on tiny synthetic rows only.
 
-Rows (the argument after the colon):
-  base                  the base model
-  A1 A2 A3 A4           h = 1, 4, 16, 32 with d_k = d_v = d_model / h (computation constant)
-  B1 B2                 d_k = 16, 32 (d_v stays 64)
-  C1 C2 C3              N = 2, 4, 8
-  C4 C5                 d_model = 256 (d_k = d_v = 32), 1024 (d_k = d_v = 128)
-  C6 C7                 d_ff = 1024, 4096
-  D1 D2                 P_drop = 0.0, 0.2
-  D3 D4                 ε_ls = 0.0, 0.2
-  E                     learned positional embeddings instead of sinusoids
-  big                   N 6, d_model 1024, d_ff 4096, h 16, P_drop 0.3, 300k steps
-
-Commands:
   python train.py --config configs/table3.py:B1 --workdir gs://BUCKET/table3/B1
   python -m transformer_jax.sweep --config configs/table3.py --rows A1,A2,A3,A4 \\
-      --workdir_root gs://BUCKET/table3          # runs each row in turn, then writes the table
-  python -m transformer_jax.sweep --config configs/table3.py --workdir_root DIR --table_only
+      --workdir_root gs://BUCKET/table3    # each row in turn, then table.md there
 """
 
 from configs import base
