@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The README's accelerator rows of benchmarks/throughput.py, one run each, in one go (a lent GPU
-# is held for minutes, not hours). Usage: bash benchmarks/accelerator.sh [OUTDIR]
+# The README's accelerator rows of benchmarks/throughput.py, one run each, in one go (so a short
+# GPU reservation measures them all). Usage: bash benchmarks/accelerator.sh [OUTDIR]
 # Writes OUTDIR/results.jsonl (one {"name", "rc", "result"} line per run; result is the
 # benchmark's JSON line, or null when it failed, with its stderr's tail in OUTDIR/errors.log) and
 # prints one summary line per run.

@@ -101,8 +101,8 @@ def peak_matmul(dtype, n: int, mesh, chain: int):
   The call dispatches the `chain` matmuls back to back and waits for the last only, so that a
   fast device's per-call dispatch and synchronisation (tens of microseconds against ~1.5 ms for
   an 8192^3 bf16 matmul on an H100) are hidden behind the matmuls before it, as they are behind
-  the train step's own work. With chain 1 an H100 measured ~380 TFLOP/s here, about half of what
-  it sustains.
+  the train step's own work. With chain 1 an H100's peak comes out at about half of what it
+  sustains (docs/experiments.md), which would double every MFU.
   """
   import jax
   from jax.sharding import NamedSharding, PartitionSpec

@@ -23,7 +23,8 @@ def cooldown_factor(step, num_steps: int, cooldown_steps: int):
   """1 until the last `cooldown_steps` updates, then linear down to 1/cooldown_steps at the last.
 
   Not in the paper: a linear cool-down to zero at the end of a fixed budget of steps, on top of
-  Eq. 3's warm-up and decay (on Multi30k it did not beat checkpoint averaging alone; README).
+  Eq. 3's warm-up and decay (on Multi30k it did not beat checkpoint averaging alone;
+  docs/experiments.md).
   `cooldown_steps=0` keeps Eq. 3 unchanged. `step` counts from 1.
   """
   if cooldown_steps <= 0:

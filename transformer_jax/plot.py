@@ -10,9 +10,9 @@ against the step or against wall-clock minutes of training. Several workdirs are
 same axes in one colour each, labelled by their directory names, to compare runs (e.g. the rows
 of a Table 3 sweep).
 
-A run resumed over several sessions is drawn as one curve: where a session redid steps (it
-resumed from a checkpoint older than its last log line) the later record wins, and wall time adds
-up across sessions (each session's `elapsed_s` starts at zero). Prints one JSON line: the output
+A run resumed after interruptions is drawn as one curve: where a restart redid steps (it resumed
+from a checkpoint older than its last log line) the later record wins, and wall time adds up
+across restarts (each start's `elapsed_s` counts from zero). Prints one JSON line: the output
 path and, per run, its last step, minutes, and final results where the run has them.
 """
 
@@ -70,7 +70,7 @@ def curves(records: list[dict], x: str = "step") -> dict[str, tuple[list[float],
   latest: dict[tuple[str, int], tuple[float, dict]] = {}
   for record in records:
     elapsed = record.get("elapsed_s")
-    if record["kind"] == "start":  # a new session: its clock starts at zero
+    if record["kind"] == "start":  # a restart: its clock starts at zero
       offset, last_elapsed = offset + last_elapsed, 0.0
     elif elapsed is not None:
       if elapsed < last_elapsed:  # the same, in a file written before "start" records existed

@@ -6,10 +6,9 @@ call it first. Afterwards it changes nothing, and says so. A flag already in XLA
 the user) wins over the config's value for the same flag.
 
 The default, `--xla_gpu_enable_triton_gemm=false`, makes XLA on GPU call cuBLAS for every matmul
-instead of generating some with Triton. On one H100 (jax 0.11.2; `benchmarks/throughput.py`
-with `--batch_size=512 --seq_len=64`, bf16, the same session) the train step took 117.0 ms
-against 128.2 ms for the big model (MFU 0.49 against 0.45), and 59.1 against 64.4 ms for base.
-`xla_gpu_*` flags are accepted and ignored on CPU and TPU.
+instead of generating some with Triton: on an H100 that made the base and big train steps faster
+(`benchmarks/throughput.py`; figures in docs/experiments.md). `xla_gpu_*` flags are accepted and
+ignored on CPU and TPU.
 """
 
 from __future__ import annotations
