@@ -107,7 +107,8 @@ def test_combine_masks():
 
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_multi_head_attention_is_concat_of_heads_times_w_o(with_mask):
-  """§3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) Wᴼ, head_i = Attention(QW_iᵠ, KW_iᴷ, VW_iⱽ)."""
+  """§3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) Wᴼ,
+  head_i = Attention(QW_iᵠ, KW_iᴷ, VW_iⱽ)."""
   config = TransformerConfig(vocab_size=10, d_model=8, num_heads=H, num_layers=1, d_ff=16,
                              deterministic=True)
   rng = np.random.default_rng(3)

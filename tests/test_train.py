@@ -241,6 +241,7 @@ def test_chrono_budget_is_the_runs_training_time(monkeypatch):
   assert chrono.train_seconds == pytest.approx(59.9) and not chrono.budget_spent()
   clock.now += 0.1
   assert chrono.budget_spent()  # earlier sessions' 50 s + this one's 10 s
+  assert not chrono.budget_spent(before_session=True)  # the earlier sessions' 50 s alone
   assert chrono.state() == {"train_seconds": pytest.approx(60.0)}
   assert chrono.session_seconds == pytest.approx(10.0)
   unlimited = train.Chrono(budget_minutes=0.0)  # 0 = no budget
@@ -334,7 +335,8 @@ def test_sigterm_checkpoints_the_next_step_and_the_rerun_resumes_exactly(tmp_pat
   assert signal.getsignal(signal.SIGTERM) is handler_before  # the run's handler is removed
   assert not (workdir / "results.json").exists()  # no final evaluation in the grace period
   assert _final_params(workdir)[0].step == 3  # saved off the checkpoint_every interval
-  kinds = [json.loads(line)["kind"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  kinds = [json.loads(line)["kind"] for line in lines]
   assert kinds[-1] == "preempted"
 
   monkeypatch.undo()
@@ -364,6 +366,8 @@ def test_resume_with_a_different_model_is_refused(tmp_path):
         ("train.warmup_steps", 0, "train.warmup_steps"),
         ("train.cooldown_steps", 10**9, "train.cooldown_steps"),
         ("mesh.data", 0, "mesh.data"),
+        ("train.label_smoothing", 1.0, "train.label_smoothing"),
+        ("model.key_dim", -4, "key_dim=-4"),
     ],
 )
 def test_bad_config_values_fail_naming_the_key(key, value, expected):
@@ -372,6 +376,38 @@ def test_bad_config_values_fail_naming_the_key(key, value, expected):
   config[section][leaf] = value
   with pytest.raises(config_lib.ConfigError, match=expected):
     config_lib.validate(config)
+
+
+def test_a_model_key_the_model_lacks_fails_naming_it():
+  config = tiny_config()
+  config.model.unlock()
+  config.model.num_layerz = 2
+  with pytest.raises(config_lib.ConfigError, match=r"config\.model\.num_layerz"):
+    config_lib.validate(config)
+
+
+def _old_config_json(config) -> dict:
+  """`config` as a config.json written before label_smoothing moved to `train` and before
+  optional model fields were placeholders (0 meant unset)."""
+  saved = json.loads(config.to_json_best_effort())
+  saved["model"]["label_smoothing"] = saved["train"].pop("label_smoothing")
+  saved["model"].update(key_dim=0, value_dim=0, num_decoder_layers=0)
+  return saved
+
+
+def test_an_old_config_json_loads_and_its_run_resumes(tmp_path):
+  config = tiny_config()
+  config.train.label_smoothing = 0.2
+  saved = _old_config_json(config)
+  loaded = config_lib.from_saved(saved)
+  assert loaded.train.label_smoothing == 0.2 and "label_smoothing" not in loaded.model
+  assert loaded.to_dict() == config.to_dict()
+  config_lib.validate(loaded)
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  train._check_workdir_config(str(tmp_path), config)  # the same model: resumes
+  config.model.key_dim = 4
+  with pytest.raises(config_lib.ConfigError, match="key_dim"):
+    train._check_workdir_config(str(tmp_path), config)
 
 
 def _train_py(workdir, *overrides):
@@ -429,7 +465,8 @@ def test_quickstart_smoke_run_through_train_py(tmp_path):
   assert np.isfinite(results["eval_loss"])
   assert (workdir / "checkpoints" / "4").is_dir()
   assert json.loads((workdir / "config.json").read_text())["model"]["num_layers"] == 1
-  kinds = [json.loads(line)["kind"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  kinds = [json.loads(line)["kind"] for line in lines]
   assert kinds.count("train") == 2 and kinds[-1] == "final"
   translations = (workdir / "test_translations.txt").read_text().splitlines()
   assert len(translations) == results["test_sentences"]

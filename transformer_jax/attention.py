@@ -123,7 +123,9 @@ def dot_product_attention(
   """
   depth = query.shape[-1]
   query = query / jnp.sqrt(depth).astype(query.dtype)
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)  # [b,h,q,k]
+  logits = jnp.einsum(
+      "bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32
+  )  # [b, h, q, k]
   if mask is not None:
     # A large negative rather than -inf keeps fully-masked rows (padding queries) finite.
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -313,7 +315,9 @@ class MultiHeadAttention(nn.Module):
     else:
       out = fused_dot_product_attention(query, key, value, mask, implementation=impl)
     w_out = projection(
-        "out", (cfg.num_heads, value_dim, cfg.d_model), (sharding.HEADS, sharding.KV, sharding.EMBED),
+        "out",
+        (cfg.num_heads, value_dim, cfg.d_model),
+        (sharding.HEADS, sharding.KV, sharding.EMBED),
         (0, 1), 2,
     )  # W^O [h, d_v, e]
     return jnp.einsum("bqhd,hde->bqe", out, w_out)  # [b, q, e]

@@ -92,7 +92,9 @@ class FeedForward(nn.Module):
         cfg.d_ff,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
-        kernel_init=nn.with_logical_partitioning(default_kernel_init, (sharding.EMBED, sharding.MLP)),
+        kernel_init=nn.with_logical_partitioning(
+            default_kernel_init, (sharding.EMBED, sharding.MLP)
+        ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.MLP,)),
         name="wi",
     )(x)  # [b, L, f]
@@ -102,7 +104,9 @@ class FeedForward(nn.Module):
         cfg.d_model,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
-        kernel_init=nn.with_logical_partitioning(default_kernel_init, (sharding.MLP, sharding.EMBED)),
+        kernel_init=nn.with_logical_partitioning(
+            default_kernel_init, (sharding.MLP, sharding.EMBED)
+        ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)),
         name="wo",
     )(h)  # [b, L, e]

@@ -2,7 +2,8 @@
 
 This module imports no Flax: attention.py and model.py both read it, config.py validates against
 it, and none of them needs the others to know what a model is. Its fields are the keys of
-`config.model` (transformer_jax/config.py), which builds it with `TransformerConfig(**config.model)`.
+`config.model` (transformer_jax/config.py), which builds it as
+`TransformerConfig(vocab_size, **config.model)`.
 """
 
 from __future__ import annotations

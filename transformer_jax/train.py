@@ -422,9 +422,11 @@ class Chrono:
   def train_seconds(self) -> float:
     return self.prior_seconds + self.session_seconds
 
-  def budget_spent(self) -> bool:
-    """Whether train.max_train_minutes is spent; every process gets process 0's answer."""
-    return bool(self.budget_s) and distributed.chief_decides(self.train_seconds >= self.budget_s)
+  def budget_spent(self, *, before_session: bool = False) -> bool:
+    """Whether train.max_train_minutes is spent (`before_session`: by the earlier sessions
+    alone); every process gets process 0's answer."""
+    seconds = self.prior_seconds if before_session else self.train_seconds
+    return bool(self.budget_s) and distributed.chief_decides(seconds >= self.budget_s)
 
   def tick(self):
     """One training step done."""
@@ -510,7 +512,7 @@ def run(
   )
   # A run whose budget was spent in an earlier session trains no further: like a run that reached
   # num_steps, rerunning it only redoes the final evaluation. Raise the budget to extend it.
-  last_step = start_step if chrono.budget_spent() else num_steps
+  last_step = start_step if chrono.budget_spent(before_session=True) else num_steps
   if last_step < num_steps:
     logging.info(
         "train.max_train_minutes=%g was spent in earlier sessions (%.0f s): no training",
