@@ -517,3 +517,17 @@ def test_every_metric_is_also_a_tensorboard_scalar(tmp_path):
   samples = (tmp_path / "test_translations.txt").read_text().splitlines()[:3]
   assert len(texts["eval/translations"]) == 1  # the eval at step 2; step 4 is the final one
   assert texts["test/translations"][0].startswith(f"hyp: {samples[0]}")
+
+
+def test_without_tensorboardx_metrics_go_to_metrics_jsonl_alone(tmp_path, monkeypatch, caplog):
+  monkeypatch.setitem(sys.modules, "tensorboardX", None)  # `import tensorboardX` fails
+  with caplog.at_level("INFO"):
+    log = train.MetricLog(str(tmp_path))
+  assert log.tensorboard is None and "tensorboardX is not installed" in caplog.text
+  log.write(1, "train", {"loss": 2.5})
+  log.text(1, "eval/translations", "hyp: a")
+  log.close()
+  assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {
+      "step": 1, "kind": "train", "loss": 2.5
+  }
+  assert not list(tmp_path.glob("events.out.tfevents.*"))
