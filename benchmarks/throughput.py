@@ -218,7 +218,7 @@ def main(argv):
       loss = functools.partial(
           train.loss_and_metrics,
           model=trainer.train_model,
-          label_smoothing=model_config.label_smoothing,
+          label_smoothing=config.train.label_smoothing,
       )
       params = holder["state"].params
       rngs = {"dropout": rng}

@@ -38,8 +38,8 @@ PAPER = {
     "C7": ({"model.d_ff": 4096}, 4.75, 26.2, 90),
     "D1": ({"model.dropout_rate": 0.0}, 5.77, 24.6, None),
     "D2": ({"model.dropout_rate": 0.2}, 4.95, 25.5, None),
-    "D3": ({"model.label_smoothing": 0.0}, 4.67, 25.3, None),
-    "D4": ({"model.label_smoothing": 0.2}, 5.47, 25.7, None),
+    "D3": ({"train.label_smoothing": 0.0}, 4.67, 25.3, None),
+    "D4": ({"train.label_smoothing": 0.2}, 5.47, 25.7, None),
     "E": ({"model.positional": "learned"}, 4.92, 25.7, None),
     "big": (
         {

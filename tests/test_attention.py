@@ -14,7 +14,7 @@ from transformer_jax.attention import (
   padding_mask,
   segment_mask,
 )
-from transformer_jax.model import TransformerConfig
+from transformer_jax.model_config import TransformerConfig
 
 B, Q, K, H, D = 2, 3, 5, 2, 4  # batch, query length, key length, heads, head dim
 
@@ -59,7 +59,7 @@ def test_dot_product_attention_is_equation_1():
 def test_dot_product_attention_with_mask():
   q, k, v = random_qkv(1)
   valid = np.array([[True] * 5, [True, True, True, False, False]])
-  mask = np.asarray(combine_masks(padding_mask(None, jnp.asarray(valid)),
+  mask = np.asarray(combine_masks(padding_mask(jnp.asarray(valid)),
                                   jnp.ones((B, 1, Q, K), bool).at[0, 0, 0, 4].set(False)))
   np.testing.assert_allclose(dot_product_attention(q, k, v, mask), reference(q, k, v, mask),
                              atol=1e-5)
@@ -70,7 +70,7 @@ def test_masked_keys_get_exactly_zero_weight():
   # One-hot values (value j = e_j) make the output equal to the attention weights.
   value = np.broadcast_to(np.eye(K, dtype=np.float32)[None, :, None, :], (B, K, H, K))
   valid = np.array([[True, True, False, True, False], [True, False, False, False, False]])
-  weights = np.asarray(dot_product_attention(q, k, value, padding_mask(None, jnp.asarray(valid))))
+  weights = np.asarray(dot_product_attention(q, k, value, padding_mask(jnp.asarray(valid))))
   assert weights.shape == (B, Q, H, K)  # [b, q, h, k]
   for b in range(B):
     assert np.all(weights[b, :, :, ~valid[b]] == 0.0)
@@ -86,7 +86,7 @@ def test_causal_mask():
 
 def test_padding_mask():
   valid = jnp.array([[True, True, False], [True, False, False]])
-  mask = padding_mask(valid, valid)
+  mask = padding_mask(valid)
   assert mask.shape == (2, 1, 1, 3)  # broadcasts over heads and queries
   np.testing.assert_array_equal(mask[:, 0, 0], valid)
 
@@ -107,13 +107,14 @@ def test_combine_masks():
 
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_multi_head_attention_is_concat_of_heads_times_w_o(with_mask):
-  """§3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) Wᴼ, head_i = Attention(QW_iᵠ, KW_iᴷ, VW_iⱽ)."""
+  """§3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) Wᴼ,
+  head_i = Attention(QW_iᵠ, KW_iᴷ, VW_iⱽ)."""
   config = TransformerConfig(vocab_size=10, d_model=8, num_heads=H, num_layers=1, d_ff=16,
                              deterministic=True)
   rng = np.random.default_rng(3)
   x_q = rng.standard_normal((B, Q, 8)).astype(np.float32)
   x_kv = rng.standard_normal((B, K, 8)).astype(np.float32)
-  mask = padding_mask(None, jnp.array([[True] * 5, [True, True, False, False, False]]))
+  mask = padding_mask(jnp.array([[True] * 5, [True, True, False, False, False]]))
   mask = mask if with_mask else None
   module = MultiHeadAttention(config, kind="cross")
   # Random values on the module's own parameter tree (shapes via eval_shape: nothing compiled).
@@ -140,7 +141,7 @@ def test_recorded_attention_weights_are_the_distributions_the_model_uses():
   from testing import random_params
 
   from transformer_jax.data.tokenizer import PAD_ID
-  from transformer_jax.model import Transformer, TransformerConfig
+  from transformer_jax.model import Transformer
   from transformer_jax.plot_attention import attention_weights
 
   config = TransformerConfig(vocab_size=20, d_model=16, num_heads=2, num_layers=2, d_ff=32,

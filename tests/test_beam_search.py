@@ -261,7 +261,7 @@ EXTRA = 3  # sources of 5 tokens -> at most 8 output tokens
 N = 8
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_model():
   """A random tiny Transformer that, like a trained one, never emits PAD, and 6 sources.
 

@@ -17,7 +17,8 @@ def example(seed=0):
 
 
 def hand_loss(logits, targets, weights, eps):
-  """Σ over tokens of weight · (−Σ_v q_v log p_v − H(q)), q = 1−ε on the target, ε/(V−1) elsewhere."""
+  """Σ over tokens of weight · (−Σ_v q_v log p_v − H(q)),
+  q = 1−ε on the target, ε/(V−1) elsewhere."""
   total = nll_total = 0.0
   for b in range(logits.shape[0]):
     for t in range(logits.shape[1]):

@@ -41,7 +41,8 @@ def test_every_code_cell_parses_and_one_cell_holds_the_parameters():
   for cell in cells:
     source = "".join(cell["source"])
     ast.parse(source)  # a syntax error names the cell's code
-    assert not source.lstrip().startswith(("!", "%")), "shell/magic lines would not run outside Colab"
+    shell_or_magic = source.lstrip().startswith(("!", "%"))
+    assert not shell_or_magic, "shell/magic lines would not run outside Colab"
   parameters = [c for c in cells if "parameters" in c["metadata"].get("tags", [])]
   assert len(parameters) == 1
   names = {
@@ -66,7 +67,8 @@ def test_the_notebook_trains_plots_translates_and_draws_attention(tmp_path):
   script = tmp_path / "notebook.py"
   script.write_text("import sys\n" + IPYTHON_STUB + "\n\n".join(sources) + "\n")
   env = {**os.environ, "PYTHONPATH": str(REPO)}
-  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")
+  fake_devices = "--xla_force_host_platform_device_count=8"
+  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(fake_devices, "")
   proc = subprocess.run(
       [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
       timeout=600,

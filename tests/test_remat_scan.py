@@ -12,12 +12,8 @@ import pytest
 from configs import quickstart
 from transformer_jax import config as config_lib
 from transformer_jax import decode, train
-from transformer_jax.model import (
-    Transformer,
-    TransformerConfig,
-    stack_layer_params,
-    unstack_layer_params,
-)
+from transformer_jax.model import Transformer, stack_layer_params, unstack_layer_params
+from transformer_jax.model_config import TransformerConfig
 
 CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64,
                            max_len=32, dropout_rate=0.1)

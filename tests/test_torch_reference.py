@@ -11,7 +11,8 @@ import pytest
 from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, PAD_ID
-from transformer_jax.model import Transformer, TransformerConfig, sinusoidal_positions
+from transformer_jax.model import Transformer, sinusoidal_positions
+from transformer_jax.model_config import TransformerConfig
 
 torch = pytest.importorskip("torch")
 

@@ -14,6 +14,7 @@ import time
 import jax
 import numpy as np
 import pytest
+import sacrebleu
 from testing import tiny_train_config
 
 from transformer_jax import checkpoint, train
@@ -55,7 +56,7 @@ def params_close(a, b, rtol=1e-5, atol=1e-6):
 def test_tiny_model_overfits_one_batch():
   config = tiny_config(lr_multiplier=2.0, warmup_steps=200)
   config.model.dropout_rate = 0.0
-  config.model.label_smoothing = 0.0
+  config.train.label_smoothing = 0.0
   trainer, dataset = make_trainer(config, devices=jax.devices()[:1])
   batch = fixed_batch(dataset, config, rows=8)
   state = trainer.init_state(0)
@@ -220,10 +221,56 @@ def test_an_unreadable_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == steps
 
 
-def test_budget_spent_compares_the_runs_training_time_with_the_budget():
-  assert not train._budget_spent(60.0, 59.9)
-  assert train._budget_spent(60.0, 60.0)
-  assert not train._budget_spent(0.0, 1e9)  # 0 = no budget
+class _FakeClock:
+  def __init__(self):
+    self.now = 1000.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_chrono_budget_is_the_runs_training_time(monkeypatch):
+  clock = _FakeClock()
+  monkeypatch.setattr(train.time, "perf_counter", clock)
+  chrono = train.Chrono(budget_minutes=1.0)
+  data_state = {"train_seconds": 50.0, "position": 3}
+  chrono.load(data_state)
+  assert data_state == {"position": 3}  # the pipeline's state is left to the pipeline
+  chrono.start_session()
+  clock.now += 9.9
+  assert chrono.train_seconds == pytest.approx(59.9) and not chrono.budget_spent()
+  clock.now += 0.1
+  assert chrono.budget_spent()  # earlier sessions' 50 s + this one's 10 s
+  assert not chrono.budget_spent(before_session=True)  # the earlier sessions' 50 s alone
+  assert chrono.state() == {"train_seconds": pytest.approx(60.0)}
+  assert chrono.session_seconds == pytest.approx(10.0)
+  unlimited = train.Chrono(budget_minutes=0.0)  # 0 = no budget
+  unlimited.prior_seconds = 1e9
+  assert not unlimited.budget_spent()
+
+
+def test_chrono_leaves_pauses_out_of_throughput_not_out_of_the_budget(monkeypatch):
+  clock = _FakeClock()
+  monkeypatch.setattr(train.time, "perf_counter", clock)
+  chrono = train.Chrono()
+  for _ in range(4):  # 4 steps of 0.5 s
+    clock.now += 0.5
+    chrono.tick()
+  with chrono.paused():  # an evaluation of 10 s
+    clock.now += 10.0
+  assert chrono.throughput(tokens=200.0) == {
+      "target_tokens_per_s": pytest.approx(100.0), "steps_per_s": pytest.approx(2.0)
+  }
+  assert chrono.train_seconds == pytest.approx(12.0)
+  clock.now += 1.0  # the next interval starts after the report: 1 step in 1 s
+  chrono.tick()
+  assert chrono.throughput(tokens=5.0)["steps_per_s"] == pytest.approx(1.0)
+
+
+def test_itstime():
+  assert [s for s in range(1, 11) if train.itstime(s, 4)] == [4, 8]
+  assert [s for s in range(1, 11) if train.itstime(s, 4, last_step=10)] == [4, 8, 10]
+  assert not any(train.itstime(s, 0) for s in range(1, 11))  # 0 = never
 
 
 def test_time_budget_is_the_runs_across_sessions(tmp_path):
@@ -288,7 +335,8 @@ def test_sigterm_checkpoints_the_next_step_and_the_rerun_resumes_exactly(tmp_pat
   assert signal.getsignal(signal.SIGTERM) is handler_before  # the run's handler is removed
   assert not (workdir / "results.json").exists()  # no final evaluation in the grace period
   assert _final_params(workdir)[0].step == 3  # saved off the checkpoint_every interval
-  kinds = [json.loads(line)["kind"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  kinds = [json.loads(line)["kind"] for line in lines]
   assert kinds[-1] == "preempted"
 
   monkeypatch.undo()
@@ -318,6 +366,8 @@ def test_resume_with_a_different_model_is_refused(tmp_path):
         ("train.warmup_steps", 0, "train.warmup_steps"),
         ("train.cooldown_steps", 10**9, "train.cooldown_steps"),
         ("mesh.data", 0, "mesh.data"),
+        ("train.label_smoothing", 1.0, "train.label_smoothing"),
+        ("model.key_dim", -4, "key_dim=-4"),
     ],
 )
 def test_bad_config_values_fail_naming_the_key(key, value, expected):
@@ -326,6 +376,38 @@ def test_bad_config_values_fail_naming_the_key(key, value, expected):
   config[section][leaf] = value
   with pytest.raises(config_lib.ConfigError, match=expected):
     config_lib.validate(config)
+
+
+def test_a_model_key_the_model_lacks_fails_naming_it():
+  config = tiny_config()
+  config.model.unlock()
+  config.model.num_layerz = 2
+  with pytest.raises(config_lib.ConfigError, match=r"config\.model\.num_layerz"):
+    config_lib.validate(config)
+
+
+def _old_config_json(config) -> dict:
+  """`config` as a config.json written before label_smoothing moved to `train` and before
+  optional model fields were placeholders (0 meant unset)."""
+  saved = json.loads(config.to_json_best_effort())
+  saved["model"]["label_smoothing"] = saved["train"].pop("label_smoothing")
+  saved["model"].update(key_dim=0, value_dim=0, num_decoder_layers=0)
+  return saved
+
+
+def test_an_old_config_json_loads_and_its_run_resumes(tmp_path):
+  config = tiny_config()
+  config.train.label_smoothing = 0.2
+  saved = _old_config_json(config)
+  loaded = config_lib.from_saved(saved)
+  assert loaded.train.label_smoothing == 0.2 and "label_smoothing" not in loaded.model
+  assert loaded.to_dict() == config.to_dict()
+  config_lib.validate(loaded)
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  train._check_workdir_config(str(tmp_path), config)  # the same model: resumes
+  config.model.key_dim = 4
+  with pytest.raises(config_lib.ConfigError, match="key_dim"):
+    train._check_workdir_config(str(tmp_path), config)
 
 
 def _train_py(workdir, *overrides):
@@ -380,11 +462,72 @@ def test_quickstart_smoke_run_through_train_py(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads((workdir / "results.json").read_text())
   assert results["step"] == 4
-  assert 0.0 <= results["test_bleu"] <= 100.0
   assert np.isfinite(results["eval_loss"])
   assert (workdir / "checkpoints" / "4").is_dir()
   assert json.loads((workdir / "config.json").read_text())["model"]["num_layers"] == 1
-  kinds = [json.loads(line)["kind"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  kinds = [json.loads(line)["kind"] for line in lines]
   assert kinds.count("train") == 2 and kinds[-1] == "final"
   translations = (workdir / "test_translations.txt").read_text().splitlines()
   assert len(translations) == results["test_sentences"]
+  # The reported BLEU is sacreBLEU's on the written translations against the test references.
+  from configs import quickstart
+
+  references = [t for _, t in pipeline.load_dataset(quickstart.get_config("smoke")).splits[
+      "test"].pairs]
+  expected = sacrebleu.corpus_bleu(translations, [references])
+  assert results["test_bleu"] == pytest.approx(expected.score)
+  assert results["test_bleu_signature"] == str(expected)
+
+
+def _tensorboard_events(workdir):
+  """(tag, step) -> scalar, and tag -> texts, read back from the event files with TensorFlow's
+  reader (not the writer's library)."""
+  tf = pytest.importorskip("tensorflow")
+  scalars, texts = {}, {}
+  files = sorted(pathlib.Path(workdir).glob("events.out.tfevents.*"))
+  assert files, f"no TensorBoard event file in {workdir}"
+  for path in files:
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        if value.HasField("simple_value"):
+          assert (value.tag, event.step) not in scalars, (value.tag, event.step)
+          scalars[value.tag, event.step] = value.simple_value
+        elif value.HasField("tensor"):
+          text = tf.make_ndarray(value.tensor).item().decode()
+          texts.setdefault(value.tag.removesuffix("/text_summary"), []).append(text)
+  return scalars, texts
+
+
+def test_every_metric_is_also_a_tensorboard_scalar(tmp_path):
+  pytest.importorskip("tensorboardX")
+  config = tiny_config(num_steps=4, log_every=2, eval_every=2, checkpoint_every=100)
+  train.run(config, str(tmp_path), devices=jax.devices()[:1])
+  expected = {}
+  for record in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()):
+    for key, value in record.items():
+      if key not in ("step", "kind") and isinstance(value, (int, float)):
+        if not isinstance(value, bool):
+          expected[f"{record['kind']}/{key}", record["step"]] = value
+  assert {"train/loss", "eval/bleu", "final/test_bleu"} <= {tag for tag, _ in expected}
+  scalars, texts = _tensorboard_events(tmp_path)
+  assert scalars.keys() == expected.keys()
+  for key, value in expected.items():
+    assert scalars[key] == pytest.approx(value, rel=1e-6, abs=1e-30), key  # stored as float32
+  samples = (tmp_path / "test_translations.txt").read_text().splitlines()[:3]
+  assert len(texts["eval/translations"]) == 1  # the eval at step 2; step 4 is the final one
+  assert texts["test/translations"][0].startswith(f"hyp: {samples[0]}")
+
+
+def test_without_tensorboardx_metrics_go_to_metrics_jsonl_alone(tmp_path, monkeypatch, caplog):
+  monkeypatch.setitem(sys.modules, "tensorboardX", None)  # `import tensorboardX` fails
+  with caplog.at_level("INFO"):
+    log = train.MetricLog(str(tmp_path))
+  assert log.tensorboard is None and "tensorboardX is not installed" in caplog.text
+  log.write(1, "train", {"loss": 2.5})
+  log.text(1, "eval/translations", "hyp: a")
+  log.close()
+  assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {
+      "step": 1, "kind": "train", "loss": 2.5
+  }
+  assert not list(tmp_path.glob("events.out.tfevents.*"))

@@ -88,7 +88,8 @@ def test_translations_do_not_depend_on_the_references(trained_run):
   long = [(s, [5] * 20) for s in sources]
   out = run.trainer.translate(run.params, short, buckets, run.tokenizer)
   assert run.trainer.translate(run.params, long, buckets, run.tokenizer) == out
-  assert run.trainer.translate(run.params, [(s, []) for s in sources], buckets, run.tokenizer) == out
+  sources_only = [(s, []) for s in sources]
+  assert run.trainer.translate(run.params, sources_only, buckets, run.tokenizer) == out
 
 
 def test_translate_cli(trained_run, tmp_path):

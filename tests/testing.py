@@ -57,4 +57,5 @@ def tiny_overrides() -> dict:
       f"{section}.{key}": value
       for section in ("model", "data", "eval", "train")
       for key, value in tiny[section].items()
+      if value is not None  # an unset optional field (a placeholder) stays unset
   }

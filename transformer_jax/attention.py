@@ -24,7 +24,6 @@ uses einsum when d_k != d_v (Table 3 row (B)), which `jax.nn.dot_product_attenti
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import flax
 import flax.linen as nn
@@ -32,9 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import sharding
-
-if TYPE_CHECKING:  # avoid a circular import at run time; model.py imports this module.
-  from transformer_jax.model import TransformerConfig
+from transformer_jax.model_config import ATTENTION_IMPLS, TransformerConfig
 
 # Glorot/Xavier uniform, as in tensor2tensor's Transformer; the paper does not state an init.
 default_kernel_init = nn.initializers.xavier_uniform()
@@ -43,13 +40,13 @@ default_kernel_init = nn.initializers.xavier_uniform()
 # ----------------------------------------------------------------------------- masks
 
 
-def padding_mask(query_valid: jax.Array, key_valid: jax.Array) -> jax.Array:
-  """[b, q] bool, [b, k] bool -> [b, 1, q, k]: a query may see every non-pad key.
+def padding_mask(key_valid: jax.Array) -> jax.Array:
+  """[b, k] bool -> [b, 1, 1, k]: every query may see every non-pad key.
 
-  Queries at padding positions get all-False rows only where every key is padding; their outputs
-  are never used (their loss weight is 0), so no special care is needed beyond a finite softmax.
+  Queries are not masked: a query at a padding position produces an output that is never used
+  (its loss weight is 0), so masking it would change nothing but the cost. A row whose keys are
+  all padding (a filler row of a fixed-shape eval batch) stays finite in the softmax.
   """
-  del query_valid  # Padding queries produce ignored outputs; masking them changes nothing.
   return key_valid[:, None, None, :]
 
 
@@ -90,7 +87,7 @@ class AttentionMask:
     """The whole mask as one boolean array broadcastable to [b, 1, q, k] (None: attend to all)."""
     return combine_masks(
         causal_mask(query_length) if self.causal else None,
-        None if self.key_valid is None else padding_mask(None, self.key_valid),
+        None if self.key_valid is None else padding_mask(self.key_valid),
         self.extra,
     )
 
@@ -126,7 +123,9 @@ def dot_product_attention(
   """
   depth = query.shape[-1]
   query = query / jnp.sqrt(depth).astype(query.dtype)
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)  # [b,h,q,k]
+  logits = jnp.einsum(
+      "bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32
+  )  # [b, h, q, k]
   if mask is not None:
     # A large negative rather than -inf keeps fully-masked rows (padding queries) finite.
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -138,9 +137,6 @@ def dot_product_attention(
   weights = weights.astype(value.dtype)
   out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d_v]
   return (out, probabilities) if return_weights else out
-
-
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
 
 
 def cudnn_unsupported_reason(dtype, head_dim: int, platform: str) -> str | None:
@@ -319,7 +315,9 @@ class MultiHeadAttention(nn.Module):
     else:
       out = fused_dot_product_attention(query, key, value, mask, implementation=impl)
     w_out = projection(
-        "out", (cfg.num_heads, value_dim, cfg.d_model), (sharding.HEADS, sharding.KV, sharding.EMBED),
+        "out",
+        (cfg.num_heads, value_dim, cfg.d_model),
+        (sharding.HEADS, sharding.KV, sharding.EMBED),
         (0, 1), 2,
     )  # W^O [h, d_v, e]
     return jnp.einsum("bqhd,hde->bqe", out, w_out)  # [b, q, e]

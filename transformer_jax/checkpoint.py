@@ -18,11 +18,10 @@ import logging
 import os
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_jax import errors
+from transformer_jax import distributed, errors
 
 UNREADABLE_DIR = "checkpoints.unreadable"
 
@@ -107,7 +106,7 @@ def restore_newest_readable(manager: ocp.CheckpointManager, abstract_state):
       restored, error = restore(manager, abstract_state, step), None
     except CheckpointError as e:
       restored, error = None, str(e)
-    if _failed_anywhere(error is not None) and error is None:
+    if distributed.any_process(error is not None) and error is None:
       error = f"checkpoint step {step} cannot be restored on another process"
     if error is None:
       if failures:
@@ -125,19 +124,11 @@ def restore_newest_readable(manager: ocp.CheckpointManager, abstract_state):
   )
 
 
-def _failed_anywhere(failed: bool) -> bool:
-  if jax.process_count() == 1:
-    return failed
-  from jax.experimental import multihost_utils
-
-  return bool(np.any(multihost_utils.process_allgather(np.asarray(failed))))
-
-
 def _set_aside(manager: ocp.CheckpointManager, steps: list[int]):
   """Moves unreadable step directories out of the manager's view (process 0 moves them)."""
   directory = epath.Path(manager.directory)
   aside = directory.parent / UNREADABLE_DIR
-  if jax.process_index() == 0:
+  if distributed.is_chief():
     aside.mkdir(parents=True, exist_ok=True)
     for step in steps:
       target = aside / str(step)
@@ -150,10 +141,7 @@ def _set_aside(manager: ocp.CheckpointManager, steps: list[int]):
           "checkpoint step %d could not be read and was moved to %s; training resumes from "
           "an older step (move it back into %s to retry it)", step, target, directory,
       )
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices("checkpoint.set_aside")
+  distributed.sync("checkpoint.set_aside")
   manager.reload()
 
 
@@ -192,7 +180,7 @@ def save_averaged(workdir: str, params, steps: list[int]) -> str:
   path = os.path.abspath(os.path.join(workdir, AVERAGED_DIR))
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(os.path.join(path, "params"), params, force=True)
-  if jax.process_index() == 0:
+  if distributed.is_chief():
     with open(os.path.join(path, "steps.json"), "w") as f:
       json.dump({"steps": [int(s) for s in steps]}, f)
   return path

@@ -7,12 +7,13 @@ once (`lock_config=True`). `validate` checks values before any data is read or c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import ml_collections
 
 from transformer_jax import errors, sharding, xla_flags
-from transformer_jax.model import TransformerConfig
+from transformer_jax.model_config import TransformerConfig
 
 SOURCES = ("synthetic", "text", "tfds")
 
@@ -21,18 +22,19 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
 
-  # The model, named as in the paper; defaults are the base model (Table 3).
+  # The model, named as in the paper; defaults are the base model (Table 3). Every key is a field
+  # of model_config.TransformerConfig, built as TransformerConfig(vocab_size, **config.model).
+  placeholder = ml_collections.config_dict.placeholder
   c.model = ml_collections.ConfigDict()
   c.model.d_model = 512
   c.model.num_heads = 8
-  c.model.key_dim = 0  # d_k per head; 0 = d_model / num_heads (§3.2.2)
-  c.model.value_dim = 0  # d_v per head; 0 = d_model / num_heads
+  c.model.key_dim = placeholder(int)  # d_k per head; None = d_model / num_heads (§3.2.2)
+  c.model.value_dim = placeholder(int)  # d_v per head; None = d_model / num_heads
   c.model.num_layers = 6
-  c.model.num_decoder_layers = 0  # 0 = same as num_layers
+  c.model.num_decoder_layers = placeholder(int)  # None = same as num_layers
   c.model.d_ff = 2048
   c.model.dropout_rate = 0.1
   c.model.attention_dropout_rate = 0.0
-  c.model.label_smoothing = 0.1
   c.model.max_len = 256
   c.model.share_embeddings = True
   c.model.positional = "sinusoidal"
@@ -66,6 +68,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 100_000  # base model: 100k steps (§5.2)
   c.train.warmup_steps = 4000  # §5.3
+  c.train.label_smoothing = 0.1  # ε_ls, §5.4: of the training loss (and of the reported eval loss)
   c.train.lr_multiplier = 1.0
   # Not in the paper: the last cooldown_steps updates scale Eq. 3 linearly down to zero at
   # train.num_steps (0: Eq. 3 alone), for short fixed budgets of steps.
@@ -116,29 +119,44 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
-  m = config.model
-  return TransformerConfig(
-      vocab_size=vocab_size,
-      d_model=m.d_model,
-      num_heads=m.num_heads,
-      key_dim=m.key_dim or None,
-      value_dim=m.value_dim or None,
-      num_layers=m.num_layers,
-      num_decoder_layers=m.num_decoder_layers or None,
-      d_ff=m.d_ff,
-      dropout_rate=m.dropout_rate,
-      attention_dropout_rate=m.attention_dropout_rate,
-      label_smoothing=m.label_smoothing,
-      max_len=m.max_len,
-      share_embeddings=m.share_embeddings,
-      positional=m.positional,
-      norm_position=m.norm_position,
-      dtype=m.dtype,
-      param_dtype=m.param_dtype,
-      attention_impl=m.attention_impl,
-      remat_policy=m.remat_policy,
-      scan_layers=m.scan_layers,
-  )
+  """The model `config.model` describes, over a vocabulary of `vocab_size` pieces."""
+  fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+  unknown = sorted(set(config.model) - fields)
+  if unknown:
+    raise ConfigError(
+        f"config.model.{unknown[0]}: not a field of model_config.TransformerConfig "
+        f"(expected one of {sorted(fields - {'vocab_size', 'deterministic', 'decode'})})"
+    )
+  return TransformerConfig(vocab_size=vocab_size, **config.model.to_dict())
+
+
+# Keys that moved since a run's config.json may have been written: old dotted key -> new one.
+_MOVED_KEYS = {"model.label_smoothing": "train.label_smoothing"}
+# Optional model fields whose "unset" was once written as 0; now None (a placeholder).
+_ZERO_WAS_NONE = ("key_dim", "value_dim", "num_decoder_layers")
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """A run's config from its `config.json` (a dict), on top of today's defaults.
+
+  Keys a run saved before they existed take their default values, and older layouts are mapped
+  to today's so a run trained before a change still resumes and translates: label_smoothing was
+  a key of `model` (now of `train`), and optional model fields were 0 for "unset" (now None).
+  """
+  saved = {section: dict(value) if isinstance(value, dict) else value
+           for section, value in saved.items()}
+  for old, new in _MOVED_KEYS.items():
+    old_section, old_key = old.split(".")
+    new_section, new_key = new.split(".")
+    if old_key in saved.get(old_section, {}):
+      saved.setdefault(new_section, {})[new_key] = saved[old_section].pop(old_key)
+  model = saved.get("model", {})
+  for key in _ZERO_WAS_NONE:
+    if model.get(key) == 0:
+      model[key] = None
+  config = default_config()
+  config.update(saved)
+  return config
 
 
 class ConfigError(errors.UserError):
@@ -154,7 +172,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   try:
     model_config(config, vocab_size=64)  # the model's own checks, with a placeholder vocab
-  except ValueError as e:
+  except ConfigError:
+    raise
+  except (TypeError, ValueError) as e:  # TypeError: a None where the field needs a number
     raise ConfigError(f"config.model: {e}") from e
   try:
     xla_flags.parse(config.xla_flags)
@@ -185,6 +205,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(t.num_steps >= 1, "train.num_steps", "must be >= 1")
   check(t.warmup_steps >= 1, "train.warmup_steps", "must be >= 1")
   check(t.lr_multiplier > 0, "train.lr_multiplier", "must be > 0")
+  check(0 <= t.label_smoothing < 1, "train.label_smoothing", "must be in [0, 1)")
   check(0 <= t.cooldown_steps <= t.num_steps, "train.cooldown_steps",
         f"must be in [0, train.num_steps={t.num_steps}]")
   check(0 <= t.adam_b1 < 1, "train.adam_b1", "must be in [0, 1)")

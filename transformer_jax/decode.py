@@ -45,7 +45,8 @@ class Decoder:
     return self.model.apply({"params": params}, inputs, method=Transformer.encode)
 
   def init_cache(self, inputs: jax.Array, max_decode_len: int):
-    """Zeroed cache for a batch: self-attention [b, n, h, d] per layer, cross-attention [b, s, h, d].
+    """Zeroed cache for a batch: self-attention [b, n, h, d] per layer,
+    cross-attention [b, s, h, d].
 
     Shapes come from tracing `init` (nothing is computed).
     """

@@ -22,6 +22,7 @@ import logging
 
 import jax
 import ml_collections
+import numpy as np
 
 
 def initialize(config: ml_collections.ConfigDict) -> bool:
@@ -53,3 +54,53 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
   )
   return True
 
+
+
+# ----------------------------------------------------------------------------- multi-host helpers
+# Each is the single-process answer when there is one process, so callers need no branch.
+
+
+def is_chief() -> bool:
+  """Whether this is process 0, the one that writes logs, metrics, results and shared files."""
+  return jax.process_index() == 0
+
+
+def sync(tag: str) -> None:
+  """Waits until every process reaches this point (e.g. after process 0 has written a file)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(tag)
+
+
+def wait_for_chief(tag: str) -> None:
+  """The other processes wait here for process 0 (which wrote what they are about to read)."""
+  sync(tag)
+
+
+def any_process(flag: bool) -> bool:
+  """True on every process if `flag` is True on any of them."""
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils
+
+  return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
+
+
+def chief_decides(flag: bool) -> bool:
+  """Process 0's `flag` on every process: decisions from host clocks, which differ between hosts,
+  must be the same everywhere or the next collective hangs."""
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils
+
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+
+
+def gather(x) -> np.ndarray:
+  """A global jax.Array, or this process's rows of one, -> the whole array on every host."""
+  if jax.process_count() == 1:
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -12,7 +12,9 @@ import sacremoses
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
 
-def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> sacrebleu.metrics.BLEUScore:
+def corpus_bleu(
+    hypotheses: Sequence[str], references: Sequence[str]
+) -> sacrebleu.metrics.BLEUScore:
   """sacreBLEU with its defaults (13a tokenizer, exponential smoothing off, cased)."""
   if len(hypotheses) != len(references):
     raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")

@@ -12,9 +12,6 @@ Two switches change how the layer stacks run, not what they compute:
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -22,140 +19,19 @@ import numpy as np
 
 from transformer_jax import sharding
 from transformer_jax.attention import (
-    ATTENTION_IMPLS,
     AttentionMask,
     MultiHeadAttention,
     default_kernel_init,
     segment_mask,
 )
-from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.model_config import PAD_ID, TransformerConfig
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-# What a rematerialised layer keeps from its forward pass (the rest is recomputed).
-REMAT_POLICIES = {
-    "none": None,  # no rematerialisation
-    "full": None,  # keep only the layer's inputs
-    "dots": jax.checkpoint_policies.checkpoint_dots,  # keep every matmul output
-    # keep the weight matmuls (projections, FFN), recompute attention scores/softmax [b,h,q,k]
+# The JAX policy of each of model_config.REMAT_POLICIES: what a rematerialised layer saves.
+_REMAT_SAVEABLE = {
+    "full": None,  # only the layer's inputs
+    "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-def as_dtype(dtype: Any) -> Any:
-  """Accepts a jnp dtype or its name ("bfloat16"), so configs can stay plain strings."""
-  if isinstance(dtype, str):
-    if dtype not in _DTYPES:
-      raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
-  return dtype
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-  """Hyperparameters, named as in the paper. Defaults are the base model (Table 3, row 'base').
-
-  Modes are made with `.replace(...)`: `deterministic=True` for evaluation (no dropout) and
-  `decode=True` for step-by-step decoding with a KV cache.
-  """
-
-  vocab_size: int
-  d_model: int = 512
-  num_heads: int = 8  # h
-  # §3.2.2: d_k = d_v = d_model / h by default (None). Table 3 row (A) varies h with
-  # d_k = d_v = d_model / h; row (B) shrinks d_k alone (16, 32) with d_v = 64.
-  key_dim: int | None = None  # d_k, the query/key size per head
-  value_dim: int | None = None  # d_v, the value size per head
-  num_layers: int = 6  # N, encoder layers
-  num_decoder_layers: int | None = None  # None = num_layers
-  d_ff: int = 2048
-  dropout_rate: float = 0.1  # P_drop, §5.4
-  attention_dropout_rate: float = 0.0  # not used by the paper
-  label_smoothing: float = 0.1  # ε_ls, §5.4 (used by the loss, kept here with the model's row)
-  max_len: int = 256  # longest sequence the positional table covers
-  share_embeddings: bool = True  # §3.4: one matrix for both embeddings and the pre-softmax layer
-  positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
-  norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in §3.1; "pre": pre-LN
-  layer_norm_epsilon: float = 1e-6
-  dtype: Any = jnp.float32  # compute dtype; bfloat16 for mixed precision
-  param_dtype: Any = jnp.float32
-  attention_impl: str = "auto"  # auto | xla | cudnn | einsum; see attention.py
-  remat_policy: str = "none"  # none | full | dots | dots_no_batch; see REMAT_POLICIES
-  scan_layers: bool = False  # nn.scan over layers; parameters stacked on a leading axis
-  deterministic: bool = False
-  decode: bool = False
-
-  def __post_init__(self):
-    # Dataclass is frozen; normalise dtype names through object.__setattr__.
-    object.__setattr__(self, "dtype", as_dtype(self.dtype))
-    object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
-    checks = [
-        (self.vocab_size > 0, "vocab_size must be positive"),
-        (self.d_model > 0 and self.num_heads > 0, "d_model and num_heads must be positive"),
-        (
-            (self.key_dim is not None and self.value_dim is not None)
-            or self.d_model % max(self.num_heads, 1) == 0,
-            f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
-            "(or set key_dim and value_dim)",
-        ),
-        (
-            all(d is None or d > 0 for d in (self.key_dim, self.value_dim)),
-            f"key_dim={self.key_dim} and value_dim={self.value_dim} must be positive or None",
-        ),
-        (self.num_layers >= 1, f"num_layers={self.num_layers} must be >= 1"),
-        (
-            self.num_decoder_layers is None or self.num_decoder_layers >= 1,
-            f"num_decoder_layers={self.num_decoder_layers} must be >= 1 or None",
-        ),
-        (self.d_ff > 0, f"d_ff={self.d_ff} must be positive"),
-        (0.0 <= self.dropout_rate < 1.0, f"dropout_rate={self.dropout_rate} not in [0, 1)"),
-        (
-            0.0 <= self.attention_dropout_rate < 1.0,
-            f"attention_dropout_rate={self.attention_dropout_rate} not in [0, 1)",
-        ),
-        (0.0 <= self.label_smoothing < 1.0, f"label_smoothing={self.label_smoothing} not in [0,1)"),
-        (self.max_len > 0, f"max_len={self.max_len} must be positive"),
-        (
-            self.positional in ("sinusoidal", "learned"),
-            f"positional={self.positional!r}; expected 'sinusoidal' or 'learned'",
-        ),
-        (
-            self.norm_position in ("post", "pre"),
-            f"norm_position={self.norm_position!r}; expected 'post' or 'pre'",
-        ),
-        (
-            self.positional != "sinusoidal" or self.d_model % 2 == 0,
-            f"sinusoidal positions need an even d_model, got {self.d_model}",
-        ),
-        (
-            self.attention_impl in ATTENTION_IMPLS,
-            f"attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}",
-        ),
-        (
-            self.remat_policy in REMAT_POLICIES,
-            f"remat_policy={self.remat_policy!r}; expected one of {tuple(REMAT_POLICIES)}",
-        ),
-    ]
-    for ok, message in checks:
-      if not ok:
-        raise ValueError(f"TransformerConfig: {message}")
-
-  @property
-  def head_key_dim(self) -> int:
-    """d_k: per-head query/key size (§3.2.2: d_model / h unless `key_dim` is set)."""
-    return self.key_dim if self.key_dim is not None else self.d_model // self.num_heads
-
-  @property
-  def head_value_dim(self) -> int:
-    """d_v: per-head value size (§3.2.2: d_model / h unless `value_dim` is set)."""
-    return self.value_dim if self.value_dim is not None else self.d_model // self.num_heads
-
-  @property
-  def decoder_layers(self) -> int:
-    return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
-
-  def replace(self, **changes) -> TransformerConfig:
-    return dataclasses.replace(self, **changes)
 
 
 # ----------------------------------------------------------------------------- positions
@@ -216,7 +92,9 @@ class FeedForward(nn.Module):
         cfg.d_ff,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
-        kernel_init=nn.with_logical_partitioning(default_kernel_init, (sharding.EMBED, sharding.MLP)),
+        kernel_init=nn.with_logical_partitioning(
+            default_kernel_init, (sharding.EMBED, sharding.MLP)
+        ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.MLP,)),
         name="wi",
     )(x)  # [b, L, f]
@@ -226,7 +104,9 @@ class FeedForward(nn.Module):
         cfg.d_model,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
-        kernel_init=nn.with_logical_partitioning(default_kernel_init, (sharding.MLP, sharding.EMBED)),
+        kernel_init=nn.with_logical_partitioning(
+            default_kernel_init, (sharding.MLP, sharding.EMBED)
+        ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)),
         name="wo",
     )(h)  # [b, L, e]
@@ -375,7 +255,7 @@ def _maybe_remat(layer_cls, cfg: TransformerConfig):
   # prevent_cse stops XLA from merging the recomputation back into the forward pass; inside
   # nn.scan the loop boundary already does that, and the flag would only block optimisations.
   return nn.remat(
-      layer_cls, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers
+      layer_cls, policy=_REMAT_SAVEABLE[cfg.remat_policy], prevent_cse=not cfg.scan_layers
   )
 
 

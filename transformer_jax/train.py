@@ -9,6 +9,7 @@ no final evaluation (preemption.py); running it again resumes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -32,8 +33,8 @@ from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
 from transformer_jax import evaluate as evaluate_lib
 from transformer_jax.data import batching, pipeline
-from transformer_jax.data.tokenizer import PAD_ID
-from transformer_jax.model import Transformer, TransformerConfig
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import PAD_ID, TransformerConfig
 
 # Keys of a batch the model reads; "targets" feeds the loss only, "index" is host-side only.
 MODEL_KEYS = (
@@ -44,9 +45,6 @@ MODEL_KEYS = (
     "inputs_segmentation",
     "targets_segmentation",
 )
-# Key of the checkpoint's JSON item (beside the input pipeline's position) holding the run's
-# training time so far: train.max_train_minutes is a budget for the run, across restarts.
-_TRAIN_SECONDS = "train_seconds"
 
 
 @flax.struct.dataclass
@@ -199,7 +197,7 @@ class Trainer:
         model=self.train_model,
         optimizer=self.optimizer,
         schedule=self.schedule,
-        label_smoothing=model_config.label_smoothing,
+        label_smoothing=config.train.label_smoothing,
         grad_accum_steps=config.train.grad_accum_steps,
     )
     self._jit_train_step = jax.jit(
@@ -210,7 +208,7 @@ class Trainer:
     )
     self._jit_eval_step = jax.jit(
         functools.partial(
-            eval_step, model=self.eval_model, label_smoothing=model_config.label_smoothing
+            eval_step, model=self.eval_model, label_smoothing=config.train.label_smoothing
         ),
         in_shardings=(self.state_shardings.params, self.batch_sharding),
         out_shardings=self.replicated,
@@ -231,8 +229,11 @@ class Trainer:
         step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
     )
 
+  @contextlib.contextmanager
   def _context(self):
-    return _Contexts(jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules))
+    """The mesh and the logical-axis rules every jitted call of this trainer runs under."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
 
   def init_state(self, seed: int) -> TrainState:
     with self._context():
@@ -273,8 +274,8 @@ class Trainer:
     with self._context():
       for batch in self._eval_batches(sources, bucket_lengths):
         inputs = self.to_global({"inputs": batch["inputs"]})["inputs"]
-        tokens = _gather(self._predict(params, inputs))
-        index = _gather(batch["index"])
+        tokens = distributed.gather(self._predict(params, inputs))
+        index = distributed.gather(batch["index"])
         for row, i in enumerate(index):
           if i >= 0:
             out[i] = tokenizer.decode(tokens[row].tolist())
@@ -289,43 +290,26 @@ class Trainer:
       yield {k: v[start : start + process_rows] for k, v in batch.items()}
 
 
-class _Contexts:
-  """Enters several context managers as one."""
-
-  def __init__(self, *managers):
-    self.managers = managers
-
-  def __enter__(self):
-    for m in self.managers:
-      m.__enter__()
-
-  def __exit__(self, *exc):
-    for m in reversed(self.managers):
-      m.__exit__(*exc)
-
-
 def _round_up(x: int, multiple: int) -> int:
   return -(-x // multiple) * multiple
-
-
-def _gather(x) -> np.ndarray:
-  """A global jax.Array or this process's numpy rows -> the whole array on every host."""
-  if jax.process_count() == 1:
-    return np.asarray(jax.device_get(x))
-  from jax.experimental import multihost_utils
-
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 # ----------------------------------------------------------------------------- logging
 
 
 class MetricLog:
-  """Process 0 writes one JSON line per record to `workdir/metrics.jsonl` and logs it."""
+  """Process 0 writes one JSON line per record to `workdir/metrics.jsonl` and logs it.
+
+  The numbers of each record also go to TensorBoard event files in `workdir` (tag "kind/key",
+  e.g. "train/loss"; `tensorboard --logdir WORKDIR`), and `text` adds text such as sample
+  translations there, when tensorboardX is installed (`pip install .[tensorboard]`).
+  metrics.jsonl stays the source for plot.py and the sweep.
+  """
 
   def __init__(self, workdir: str):
-    self.enabled = jax.process_index() == 0
+    self.enabled = distributed.is_chief()
     self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tensorboard = _tensorboard_writer(workdir) if self.enabled else None
 
   def write(self, step: int, kind: str, values: dict):
     if not self.enabled:
@@ -337,6 +321,29 @@ class MetricLog:
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
     )
     logging.info("[%s] step %d  %s", kind, step, shown)
+    if self.tensorboard is not None:
+      for key, value in values.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+          self.tensorboard.add_scalar(f"{kind}/{key}", value, int(step))
+      self.tensorboard.flush()  # a run may be killed at any moment (preemption)
+
+  def text(self, step: int, tag: str, text: str):
+    if self.tensorboard is not None:
+      self.tensorboard.add_text(tag, text, int(step))
+      self.tensorboard.flush()
+
+  def close(self):
+    if self.tensorboard is not None:
+      self.tensorboard.close()
+
+
+def _tensorboard_writer(workdir: str):
+  try:
+    import tensorboardX  # noqa: PLC0415  an optional extra: `pip install .[tensorboard]`
+  except ImportError:
+    logging.info("tensorboardX is not installed: metrics go to metrics.jsonl only")
+    return None
+  return tensorboardX.SummaryWriter(workdir)
 
 
 # Model keys that change how the model runs, not its parameters or its function: a run may
@@ -349,11 +356,9 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
     with open(path) as f:
-      saved = json.load(f)
+      # Mapped to today's layout: keys added since take their defaults, moved keys move.
+      saved_model = config_lib.from_saved(json.load(f)).model.to_dict()
     current = json.loads(config.to_json_best_effort())
-    # Keys a config.json written before they existed lacks take their default values.
-    defaults = config_lib.default_config().model.to_dict()
-    saved_model = {**defaults, **saved.get("model", {})}
     diff = {
         k: (saved_model.get(k), v)
         for k, v in current["model"].items()
@@ -364,13 +369,90 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
           f"{workdir} holds a run with a different model config (saved, now): {diff}. "
           "Use a new --workdir, or the saved config."
       )
-  if jax.process_index() == 0:
+  if distributed.is_chief():
     # Atomically: the other processes of a multi-process run read this file at the same moment.
     def write(tmp):
       with open(tmp, "w") as f:
         f.write(config.to_json_best_effort(indent=2))
 
     pipeline.atomic_write(path, write)
+
+
+# ----------------------------------------------------------------------------- clocks
+
+
+class Chrono:
+  """The run's clocks, after big_vision's `utils.Chrono`.
+
+  train_seconds     the run's training time, earlier sessions included (restored from the
+                    checkpoint, saved with each one): what train.max_train_minutes budgets.
+                    Compilation, periodic evaluation and checkpointing count.
+  session_seconds   wall time since this session's loop started (`elapsed_s` in metrics.jsonl).
+  throughput(...)   steps and tokens per second since the last report, time spent in `paused()`
+                    blocks (evaluation, checkpoint saves) left out.
+  """
+
+  # Key of the checkpoint's JSON item (beside the input pipeline's position) holding the run's
+  # training time so far: train.max_train_minutes is a budget for the run, not for each session.
+  _KEY = "train_seconds"
+
+  def __init__(self, budget_minutes: float = 0.0):
+    self.budget_s = 60.0 * budget_minutes  # 0: no budget
+    self.prior_seconds = 0.0
+    self.start_session()
+
+  def start_session(self):
+    """Starts this session's clock (set-up and the initial compilation of `init` stay out)."""
+    self._session_start = self._interval_start = time.perf_counter()
+    self._paused_s, self._steps = 0.0, 0
+
+  def load(self, checkpoint_state: dict):
+    """Takes the earlier sessions' time out of a restored checkpoint's JSON item."""
+    # Checkpoints written before the field existed count as no time spent.
+    self.prior_seconds = float(checkpoint_state.pop(self._KEY, 0.0))
+
+  def state(self) -> dict:
+    return {self._KEY: self.train_seconds}
+
+  @property
+  def session_seconds(self) -> float:
+    return time.perf_counter() - self._session_start
+
+  @property
+  def train_seconds(self) -> float:
+    return self.prior_seconds + self.session_seconds
+
+  def budget_spent(self, *, before_session: bool = False) -> bool:
+    """Whether train.max_train_minutes is spent (`before_session`: by the earlier sessions
+    alone); every process gets process 0's answer."""
+    seconds = self.prior_seconds if before_session else self.train_seconds
+    return bool(self.budget_s) and distributed.chief_decides(seconds >= self.budget_s)
+
+  def tick(self):
+    """One training step done."""
+    self._steps += 1
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Time in this block is left out of throughput (not out of train_seconds)."""
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._paused_s += time.perf_counter() - start
+
+  def throughput(self, tokens: float) -> dict:
+    """Steps and `tokens` per second since the last call; starts the next interval."""
+    now = time.perf_counter()
+    seconds = max(now - self._interval_start - self._paused_s, 1e-9)
+    rates = {"target_tokens_per_s": tokens / seconds, "steps_per_s": self._steps / seconds}
+    self._interval_start, self._paused_s, self._steps = now, 0.0, 0
+    return rates
+
+
+def itstime(step: int, every: int, last_step: int | None = None) -> bool:
+  """Whether `step` is on a cadence of `every` steps (0: never), or is `last_step`."""
+  return (every > 0 and step % every == 0) or step == last_step
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -415,184 +497,173 @@ def run(
       dict(trainer.mesh.shape),
   )
 
-  manager = checkpoint.make_manager(
-      workdir, keep=config.train.keep_checkpoints, save_every=config.train.checkpoint_every
-  )
-  restored = checkpoint.restore_newest_readable(manager, trainer.abstract_state())
-  prior_seconds = 0.0  # training time of the run's earlier sessions, up to the checkpoint
-  if restored is not None:
-    state, data_state = restored
-    # Checkpoints written before the field existed count as no time spent.
-    prior_seconds = float(data_state.pop(_TRAIN_SECONDS, 0.0))
-    train_iter.set_state(data_state)
-    logging.info(
-        "resumed from step %d in %s (%.0f s of training so far)",
-        int(state.step), workdir, prior_seconds,
-    )
-  else:
-    state = trainer.init_state(config.seed)
+  t = config.train
+  manager = checkpoint.make_manager(workdir, keep=t.keep_checkpoints, save_every=t.checkpoint_every)
+  chrono = Chrono(t.max_train_minutes)
+  state = _restore_or_init(manager, trainer, train_iter, chrono, config.seed, workdir)
+  resumed, start_step, num_steps = int(state.step) > 0, int(state.step), t.num_steps
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("parameters: %d", num_params)
-
   log = MetricLog(workdir)
-  dropout_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
-  start_step = int(state.step)
   # Marks a session: its elapsed_s count from zero again (transformer_jax/plot.py adds them up).
   log.write(
       start_step, "start",
-      {"resumed": restored is not None, "train_seconds_before": round(prior_seconds, 1)},
+      {"resumed": resumed, "train_seconds_before": round(chrono.prior_seconds, 1)},
   )
-  num_steps = config.train.num_steps
-  budget_s = 60.0 * config.train.max_train_minutes
   # A run whose budget was spent in an earlier session trains no further: like a run that reached
   # num_steps, rerunning it only redoes the final evaluation. Raise the budget to extend it.
-  last_step = start_step if _budget_spent(budget_s, prior_seconds) else num_steps
+  last_step = start_step if chrono.budget_spent(before_session=True) else num_steps
   if last_step < num_steps:
     logging.info(
         "train.max_train_minutes=%g was spent in earlier sessions (%.0f s): no training",
-        config.train.max_train_minutes, prior_seconds,
+        t.max_train_minutes, chrono.prior_seconds,
     )
-  eval_split = dataset.splits["eval"]
-  bleu_subset = eval_split.examples[: config.eval.num_sentences]
-  bleu_refs = [t for _, t in eval_split.pairs[: config.eval.num_sentences]]
-  # As many training pairs as the BLEU subset: their loss with dropout off, beside validation's,
-  # shows when the model starts to memorize the training set.
-  train_subset = dataset.splits["train"].examples[: config.eval.num_sentences]
-
+  dropout_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+  periodic_eval = functools.partial(
+      _periodic_eval, trainer, dataset, config.eval.num_sentences, eval_buckets, log
+  )
   progress = tqdm.tqdm(
       total=num_steps,
       initial=start_step,
-      disable=jax.process_index() != 0 or not sys.stderr.isatty(),
+      disable=not distributed.is_chief() or not sys.stderr.isatty(),
       dynamic_ncols=True,
   )
-  pending: list[dict] = []
-  interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
-  padding = []
-  train_start = time.perf_counter()
+  pending, padding = [], []  # per step since the last train record: metrics on device, padding
   preempted = False
+  chrono.start_session()
   with preemption.Preemption() as preempt:
     for step in range(start_step + 1, last_step + 1):
       batch = next(train_iter)
       padding.append(batching.padding_efficiency(batch))
       state, metrics = trainer.train_step(state, batch, dropout_rng)
       pending.append(metrics)
-      interval_steps += 1
+      chrono.tick()
       progress.update(1)
 
-      if step % config.train.log_every == 0 or step == num_steps:
-        host = jax.device_get(pending)  # the only host<->device sync on training steps
-        sums = {
-            k: sum(m[k] for m in host)
-            for k in ("loss_sum", "nll_sum", "correct_sum", "weight_sum")
-        }
-        interval_tokens = float(sums["weight_sum"])
-        elapsed = time.perf_counter() - interval_start
-        values = summarize(sums)
-        if not math.isfinite(values["loss"]):
-          raise FloatingPointError(
-              f"non-finite training loss {values['loss']} at step {step}; the last complete "
-              f"checkpoint is step {manager.latest_step()} in {workdir}"
-          )
-        values.update(
-            learning_rate=float(host[-1]["learning_rate"]),
-            grad_norm=float(host[-1]["grad_norm"]),
-            target_tokens_per_s=interval_tokens / elapsed,
-            steps_per_s=interval_steps / elapsed,
-            padding_efficiency=float(np.mean(padding)),
-            elapsed_s=round(time.perf_counter() - train_start, 1),  # wall time this session
-        )
+      if itstime(step, t.log_every, last_step=num_steps):
+        values = _train_record(pending, padding, chrono, step, manager, workdir)
         log.write(step, "train", values)
         progress.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['learning_rate']:.2e}")
-        pending, padding, interval_steps = [], [], 0
-        interval_start = time.perf_counter()
+        pending, padding = [], []
+      # Not at the last step (the final evaluation follows), nor in a preempted run's grace
+      # period, which is for the checkpoint.
+      if itstime(step, t.eval_every) and step != num_steps and not preempt.requested:
+        with chrono.paused():
+          periodic_eval(state.params, step, elapsed_s=round(chrono.session_seconds, 1))
 
-      if (
-          config.train.eval_every and step % config.train.eval_every == 0 and step != num_steps
-          and not preempt.requested  # a preempted run's grace period is for the checkpoint
-      ):
-        _periodic_eval(
-            trainer, state.params, bleu_subset, bleu_refs, train_subset, eval_buckets, tokenizer,
-            log, step, elapsed_s=round(time.perf_counter() - train_start, 1),
-        )
-        interval_start = time.perf_counter()
-
-      train_seconds = prior_seconds + time.perf_counter() - train_start
-      out_of_time = step % config.train.log_every == 0 and _budget_spent(budget_s, train_seconds)
+      out_of_time = itstime(step, t.log_every) and chrono.budget_spent()
       preempted = preempt.reached(step)  # SIGTERM: save this step, stop (preemption.py)
-      if checkpoint.save(
-          manager, step, state, {**train_iter.get_state(), _TRAIN_SECONDS: train_seconds},
-          force=step == num_steps or out_of_time or preempted,
-      ):
-        interval_start = time.perf_counter()  # keep save time out of throughput figures
+      with chrono.paused():
+        checkpoint.save(
+            manager, step, state, {**train_iter.get_state(), **chrono.state()},
+            force=step == num_steps or out_of_time or preempted,
+        )
       if out_of_time:
         logging.info(
             "train.max_train_minutes=%g spent: stopping at step %d of %d",
-            config.train.max_train_minutes, step, num_steps,
+            t.max_train_minutes, step, num_steps,
         )
       if out_of_time or preempted:
         break
   progress.close()
-  session_seconds = time.perf_counter() - train_start
+  session_seconds, train_seconds = chrono.session_seconds, chrono.train_seconds
   manager.wait_until_finished()
+  times = {
+      "train_seconds": round(train_seconds, 1),
+      "train_seconds_this_session": round(session_seconds, 1),
+  }
   if preempted:  # the checkpoint is complete; the grace period is too short for evaluation
     log.write(int(state.step), "preempted", {"elapsed_s": round(session_seconds, 1)})
+    log.close()
     manager.close()
-    return {
-        "step": int(state.step),
-        "stopped_by": "preemption",
-        "train_seconds": round(prior_seconds + session_seconds, 1),
-        "train_seconds_this_session": round(session_seconds, 1),
-    }
+    return {"step": int(state.step), "stopped_by": "preemption", **times}
 
   params, evaluated = state.params, f"step {int(state.step)}"
-  if config.train.average_last:
-    params, steps = checkpoint.average_params(
-        manager, trainer.abstract_state(), config.train.average_last
-    )
+  if t.average_last:
+    params, steps = checkpoint.average_params(manager, trainer.abstract_state(), t.average_last)
     checkpoint.save_averaged(workdir, params, steps)
     evaluated = f"average of steps {steps}"
-  results = final_evaluation(trainer, params, dataset, eval_buckets, workdir)
+  results = final_evaluation(
+      trainer, params, dataset, eval_buckets, workdir, log, step=int(state.step)
+  )
   results.update(
       parameters=evaluated,
       step=int(state.step),
       num_params=int(num_params),
-      train_seconds=round(prior_seconds + session_seconds, 1),
-      train_seconds_this_session=round(session_seconds, 1),
+      **times,
       stopped_by="train.num_steps" if int(state.step) >= num_steps else "train.max_train_minutes",
   )
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(results, f, indent=2)
+  if distributed.is_chief():
+    # Atomically: the sweep takes an existing results.json for a finished row.
+    def write(tmp):
+      with open(tmp, "w") as f:
+        json.dump(results, f, indent=2)
+
+    pipeline.atomic_write(os.path.join(workdir, "results.json"), write)
   log.write(int(state.step), "final", {k: v for k, v in results.items() if isinstance(v, float)})
+  log.close()
   manager.close()
   return results
 
 
-def _budget_spent(budget_s: float, train_seconds: float) -> bool:
-  """Whether the run's training budget is spent; every process gets process 0's answer."""
-  if not budget_s:
-    return False
-  spent = train_seconds >= budget_s
-  if jax.process_count() == 1:
-    return spent
-  from jax.experimental import multihost_utils
+def _restore_or_init(manager, trainer, train_iter, chrono, seed, workdir) -> TrainState:
+  """The newest readable checkpoint's state, with the input pipeline's position and the run's
+  time so far restored; or a new state at step 0."""
+  restored = checkpoint.restore_newest_readable(manager, trainer.abstract_state())
+  if restored is None:
+    return trainer.init_state(seed)
+  state, data_state = restored
+  chrono.load(data_state)
+  train_iter.set_state(data_state)
+  logging.info(
+      "resumed from step %d in %s (%.0f s of training so far)",
+      int(state.step), workdir, chrono.prior_seconds,
+  )
+  return state
 
-  # Clocks differ between hosts: all must stop at the same step, or the collectives hang.
-  return bool(multihost_utils.broadcast_one_to_all(np.asarray(spent)))
+
+def _train_record(pending, padding, chrono, step, manager, workdir) -> dict:
+  """The train record of the steps since the last: per-token loss etc., rates, padding."""
+  host = jax.device_get(pending)  # the only host<->device sync on training steps
+  sums = {k: sum(m[k] for m in host) for k in ("loss_sum", "nll_sum", "correct_sum", "weight_sum")}
+  values = summarize(sums)
+  if not math.isfinite(values["loss"]):
+    raise FloatingPointError(
+        f"non-finite training loss {values['loss']} at step {step}; the last complete "
+        f"checkpoint is step {manager.latest_step()} in {workdir}"
+    )
+  return {
+      **values,
+      "learning_rate": float(host[-1]["learning_rate"]),
+      "grad_norm": float(host[-1]["grad_norm"]),
+      **chrono.throughput(tokens=float(sums["weight_sum"])),
+      "padding_efficiency": float(np.mean(padding)),
+      "elapsed_s": round(chrono.session_seconds, 1),  # wall time this session
+  }
 
 
-def _periodic_eval(
-    trainer, params, examples, references, train_examples, buckets, tokenizer, log, step,
-    elapsed_s,
-):
+def _periodic_eval(trainer, dataset, num_sentences, buckets, log, params, step, elapsed_s):
+  """Validation loss and BLEU on the first `num_sentences` pairs, the training pairs' loss."""
+  examples = dataset.splits["eval"].examples[:num_sentences]
+  references = [t for _, t in dataset.splits["eval"].pairs[:num_sentences]]
+  # As many training pairs: their loss with dropout off, beside validation's, shows when the
+  # model starts to memorize the training set.
+  train_examples = dataset.splits["train"].examples[:num_sentences]
   values = trainer.evaluate_loss(params, examples, buckets)
   values.update(_train_subset_loss(trainer, params, train_examples, buckets))
-  hypotheses = trainer.translate(params, examples, buckets, tokenizer)
+  hypotheses = trainer.translate(params, examples, buckets, dataset.tokenizer)
   values["bleu"] = evaluate_lib.corpus_bleu(hypotheses, references).score
   values["elapsed_s"] = elapsed_s
   log.write(step, "eval", values)
-  for hyp, ref in list(zip(hypotheses, references))[:3]:
+  _log_samples(log, step, "eval/translations", hypotheses, references)
+
+
+def _log_samples(log, step, tag, hypotheses, references, num=3):
+  """The first `num` translations beside their references: to the log and TensorBoard's text."""
+  samples = list(zip(hypotheses, references))[:num]
+  for hyp, ref in samples:
     logging.info("  hyp: %s\n  ref: %s", hyp, ref)
+  log.text(step, tag, "\n\n".join(f"hyp: {hyp}  \nref: {ref}" for hyp, ref in samples))
 
 
 def _train_subset_loss(trainer: Trainer, params, examples, buckets) -> dict:
@@ -607,9 +678,12 @@ def _train_subset_loss(trainer: Trainer, params, examples, buckets) -> dict:
   return {"train_subset_nll": metrics["nll"], "train_subset_perplexity": metrics["perplexity"]}
 
 
-def final_evaluation(trainer: Trainer, params, dataset, buckets, workdir: str) -> dict:
+def final_evaluation(
+    trainer: Trainer, params, dataset, buckets, workdir: str, log: MetricLog | None = None,
+    step: int = 0,
+) -> dict:
   """Loss/perplexity on the eval split and on as many training pairs (dropout off); test's
-  translations, sacreBLEU and tokenized BLEU."""
+  translations, sacreBLEU and tokenized BLEU. `log` gets sample translations at `step`."""
   eval_split, test_split = dataset.splits["eval"], dataset.splits["test"]
   eval_metrics = trainer.evaluate_loss(params, eval_split.examples, buckets)
   train_subset = dataset.splits["train"].examples[: len(eval_split.examples)]
@@ -620,9 +694,11 @@ def final_evaluation(trainer: Trainer, params, dataset, buckets, workdir: str) -
   lang = trainer.config.data.target_lang
   tok_bleu = evaluate_lib.tokenized_bleu(hypotheses, references, lang)
   tok_bleu_lc = evaluate_lib.tokenized_bleu(hypotheses, references, lang, lowercase=True)
-  if jax.process_index() == 0:
+  if distributed.is_chief():
     with open(os.path.join(workdir, "test_translations.txt"), "w") as f:
       f.writelines(h + "\n" for h in hypotheses)
+  if log is not None:
+    _log_samples(log, step, "test/translations", hypotheses, references)
   return {
       "eval_loss": eval_metrics["loss"],
       "eval_nll": eval_metrics["nll"],

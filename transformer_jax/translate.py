@@ -45,9 +45,8 @@ def load_trainer(workdir: str, beam_size=None, alpha=None):
     raise FileNotFoundError(f"{workdir} has no config.json: is it the --workdir of a training run?")
   with open(config_path) as f:
     saved = json.load(f)
-  # On top of today's defaults, so a run saved before a key existed still loads.
-  config = config_lib.default_config()
-  config.update(saved)
+  # On top of today's defaults, older key layouts mapped, so a run saved before a change loads.
+  config = config_lib.from_saved(saved)
   config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   if beam_size is not None:
     config.eval.beam_size = beam_size
