@@ -302,6 +302,24 @@ def test_time_budget_is_the_runs_across_sessions(tmp_path):
   assert sorted(_train_losses(workdir)) == [2, 4, 6]
 
 
+def test_a_run_stopped_before_enough_checkpoints_evaluates_its_latest_parameters(tmp_path):
+  # §6.1 averaging wants 3 checkpoints; a budget spent at step 2 leaves fewer (steps 1 and 2).
+  config = tiny_config(
+      num_steps=6, checkpoint_every=100, log_every=2, max_train_minutes=1e-9,
+      keep_checkpoints=3, average_last=3,
+  )
+  workdir = str(tmp_path)
+  results = train.run(config, workdir, devices=jax.devices()[:1])
+  assert results["step"] == 2 and results["stopped_by"] == "train.max_train_minutes"
+  assert results["parameters"] == "step 2 (not averaged: 2 checkpoints < train.average_last=3)"
+  assert not os.path.exists(os.path.join(workdir, "averaged"))
+  # Trained on to the end, the same run averages its last 3 (steps 2, 4, 6: checkpoint_every=2).
+  config.train.max_train_minutes = 0.0
+  config.train.checkpoint_every = 2
+  results = train.run(config, workdir, devices=jax.devices()[:1])
+  assert results["parameters"] == "average of steps [2, 4, 6]"
+
+
 def test_final_evaluation_reports_the_training_pairs_loss_with_dropout_off(tmp_path):
   config = tiny_config()
   trainer, dataset = make_trainer(config, devices=jax.devices()[:1])

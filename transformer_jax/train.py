@@ -579,7 +579,16 @@ def run(
     return {"step": int(state.step), "stopped_by": "preemption", **times}
 
   params, evaluated = state.params, f"step {int(state.step)}"
-  if t.average_last:
+  held = len(manager.all_steps())
+  if t.average_last and held < t.average_last:
+    # A run stopped early (time budget, few steps) has fewer checkpoints than §6.1 averages; the
+    # oldest could be the barely trained first one, so evaluate the latest rather than fail here.
+    logging.warning(
+        "train.average_last=%d but %d checkpoints exist: evaluating step %d, not an average",
+        t.average_last, held, int(state.step),
+    )
+    evaluated += f" (not averaged: {held} checkpoints < train.average_last={t.average_last})"
+  elif t.average_last:
     params, steps = checkpoint.average_params(manager, trainer.abstract_state(), t.average_last)
     checkpoint.save_averaged(workdir, params, steps)
     evaluated = f"average of steps {steps}"
