@@ -76,7 +76,7 @@ def get_config(arg: str | None = None):
     from transformer_jax.config import ConfigError
 
     raise ConfigError(
-        f"configs/table3.py:{arg}: unknown Table 3 row; expected one of {', '.join(PAPER)}"
+        f"configs/table3.py:{arg}: unknown Table 3 row {row!r}; expected one of {', '.join(PAPER)}"
     )
   config = base.get_config()
   # §6.2: development set (newstest2013) for both numbers, no checkpoint averaging; the test

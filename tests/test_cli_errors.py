@@ -139,7 +139,7 @@ CASES = {
     ),
     "train: a wrong Table 3 row": (
         [*TRAIN, "--config", "configs/table3.py:F1", "--workdir", "TMP/w"],
-        "configs/table3.py:F1: unknown Table 3 row; expected one of base, A1, A2",
+        "configs/table3.py:F1: unknown Table 3 row 'F1'; expected one of base, A1, A2",
     ),
     "train: a missing config file": (
         [*TRAIN, "--config", "configs/quickstrat.py", "--workdir", "TMP/w"],
