@@ -35,7 +35,8 @@ def test_every_code_cell_parses_and_one_cell_holds_the_parameters():
   for cell in cells:
     source = "".join(cell["source"])
     ast.parse(source)  # a syntax error names the cell's code
-    assert not source.lstrip().startswith(("!", "%")), "shell/magic lines would not run outside Colab"
+    magic = source.lstrip().startswith(("!", "%"))
+    assert not magic, "shell/magic lines would not run outside Colab"
   parameters = [c for c in cells if "parameters" in c["metadata"].get("tags", [])]
   assert len(parameters) == 1
   names = {
