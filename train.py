@@ -16,6 +16,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from transformer_jax import cli
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/quickstart.py", "Experiment config file.", lock_config=True
 )
@@ -26,24 +28,21 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  config = cli.config_value(_CONFIG)
   logging.getLogger().setLevel(logging.INFO)
   # Orbax logs every file it writes at INFO; keep the run's own log readable.
   logging.getLogger("absl").addFilter(
       lambda record: record.levelno >= logging.WARNING or "orbax" not in record.pathname
   )
   from transformer_jax import train  # after flag parsing: keeps --help fast
-  from transformer_jax.checkpoint import CheckpointError
-  from transformer_jax.config import ConfigError
   from transformer_jax.preemption import EXIT_STATUS
 
-  try:
-    results = train.run(_CONFIG.value, _WORKDIR.value)
-  except (ConfigError, CheckpointError) as e:  # a wrong value or file: say which, no traceback
-    sys.exit(f"error: {e}")
+  # A wrong config value, workdir or checkpoint is a UserError: cli.run reports it in one line.
+  results = train.run(config, _WORKDIR.value)
   if results["stopped_by"] == "preemption":  # checkpointed; the same command resumes
     logging.warning("preempted at step %d; rerun the same command to resume", results["step"])
     sys.exit(EXIT_STATUS)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -50,17 +50,27 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
+from transformer_jax import cli  # noqa: E402
+from transformer_jax.errors import UserError  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/quickstart.py", "Experiment config file.", lock_config=True
 )
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "Synthetic batch rows (with --seq_len).")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Synthetic source/target length.")
-_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).")
-_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
-_PEAK_N = flags.DEFINE_integer("peak_n", 0, "Peak matmul size (0: 2048 on CPU, 8192 elsewhere).")
-_PEAK_REPEATS = flags.DEFINE_integer("peak_repeats", 10, "Timed peak measurements (median).")
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", 0, "Synthetic batch rows (with --seq_len).", lower_bound=0
+)
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Synthetic source/target length.", lower_bound=0)
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (the median is reported).", lower_bound=1)
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.", lower_bound=0)
+_PEAK_N = flags.DEFINE_integer(
+    "peak_n", 0, "Peak matmul size (0: 2048 on CPU, 8192 elsewhere).", lower_bound=0
+)
+_PEAK_REPEATS = flags.DEFINE_integer(
+    "peak_repeats", 10, "Timed peak measurements (median).", lower_bound=1
+)
 _PEAK_CHAIN = flags.DEFINE_integer(
-    "peak_chain", 0, "Matmuls dispatched back to back per measurement (0: 1 on CPU, else 10)."
+    "peak_chain", 0, "Matmuls dispatched back to back per measurement (0: 1 on CPU, else 10).",
+    lower_bound=0,
 )
 _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also time forward and forward+backward.")
 
@@ -149,15 +159,20 @@ def main(argv):
   from transformer_jax.data import batching, pipeline
   from transformer_jax.data.tokenizer import PAD_ID
 
-  config = _CONFIG.value
+  config = cli.config_value(_CONFIG)
   config_lib.validate(config)
-  xla_flags.apply(config.xla_flags)  # as train.run does: the step timed is the step trained
   if bool(_BATCH_SIZE.value) != bool(_SEQ_LEN.value):
-    raise app.UsageError("give both --batch_size and --seq_len, or neither")
+    raise UserError(
+        f"--batch_size={_BATCH_SIZE.value} --seq_len={_SEQ_LEN.value}: give both (a synthetic "
+        "batch) or neither (the first training batch of the config's data)"
+    )
+  if _SEQ_LEN.value > config.model.max_len:
+    raise UserError(
+        f"--seq_len={_SEQ_LEN.value} exceeds config.model.max_len={config.model.max_len}"
+    )
+  xla_flags.apply(config.xla_flags)  # as train.run does: the step timed is the step trained
   if _BATCH_SIZE.value:
     vocab_size = config.data.vocab_size
-    if _SEQ_LEN.value > config.model.max_len:
-      raise app.UsageError(f"--seq_len={_SEQ_LEN.value} exceeds model.max_len")
     host_batch = synthetic_batch(_BATCH_SIZE.value, _SEQ_LEN.value, vocab_size)
     source = "random tokens (--batch_size, --seq_len)"
   else:
@@ -275,4 +290,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -17,7 +17,10 @@ from transformer_jax.config import default_config
 
 
 def get_config(arg: str | None = None):
-  del arg
+  if arg:
+    from transformer_jax.config import ConfigError
+
+    raise ConfigError(f"configs/base.py:{arg}: base.py takes no variant; use configs/base.py")
   config = default_config()
   config.data.source = "tfds"
   config.data.tfds_name = "wmt14_translate/de-en"

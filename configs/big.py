@@ -29,5 +29,9 @@ def get_config(arg: str | None = None):
     config.data.target_lang = "fr"
     config.model.dropout_rate = 0.1  # §6.1: P_drop = 0.1 for EN-FR big
   elif arg:
-    raise ValueError(f"configs/big.py: unknown variant {arg!r}; expected 'enfr' or nothing")
+    from transformer_jax.config import ConfigError
+
+    raise ConfigError(
+        f"configs/big.py:{arg}: unknown variant; expected configs/big.py or configs/big.py:enfr"
+    )
   return config

@@ -30,7 +30,12 @@ DATA_DIR = os.path.normpath(
 
 
 def get_config(arg: str | None = None):
-  del arg
+  if arg:
+    from transformer_jax.config import ConfigError
+
+    raise ConfigError(
+        f"configs/multi30k.py:{arg}: multi30k.py takes no variant; use configs/multi30k.py"
+    )
   config = default_config()
   config.model.d_model = 256
   config.model.num_heads = 8

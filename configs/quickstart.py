@@ -16,6 +16,13 @@ from transformer_jax.config import default_config
 
 
 def get_config(arg: str | None = None):
+  if arg not in (None, "", "smoke"):
+    from transformer_jax.config import ConfigError
+
+    raise ConfigError(
+        f"configs/quickstart.py:{arg}: unknown variant; expected configs/quickstart.py or "
+        "configs/quickstart.py:smoke"
+    )
   config = default_config()
   config.model.d_model = 128
   config.model.num_heads = 4

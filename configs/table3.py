@@ -59,7 +59,11 @@ PAPER = {
 def get_config(arg: str | None = None):
   row = arg or "base"
   if row not in PAPER:
-    raise ValueError(f"unknown Table 3 row {row!r}; expected one of {', '.join(PAPER)}")
+    from transformer_jax.config import ConfigError
+
+    raise ConfigError(
+        f"configs/table3.py:{arg}: unknown Table 3 row {row!r}; expected one of {', '.join(PAPER)}"
+    )
   config = base.get_config()
   # §6.2: development set (newstest2013) for both numbers, no checkpoint averaging; the test
   # split is set to it, so the final evaluation decodes newstest2013.

@@ -12,6 +12,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.subprocess
 def test_throughput_prints_one_json_line_whose_flop_count_matches_xla():
   args = [
       "--config", "configs/quickstart.py",

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 200
@@ -161,6 +162,7 @@ def wait_all(procs):
     assert proc.returncode == 0, f"{name} failed:\n{logs[name][-4000:]}"
 
 
+@pytest.mark.subprocess
 def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
   import jax
 
@@ -234,6 +236,7 @@ def two_train_py_processes(workdir, *args):
         p.wait()
 
 
+@pytest.mark.subprocess
 def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_path):
   """JAX's preemption service: only process 1 gets SIGTERM, yet both save the same step, skip
   the final evaluation and exit 143 (preemption.py)."""
@@ -263,6 +266,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_pat
     assert f"preempted at step {stopped_at}" in log
 
 
+@pytest.mark.subprocess
 def test_two_processes_set_aside_an_unreadable_checkpoint_together_and_resume(tmp_path):
   """checkpoint.restore_newest_readable with two processes: both find step 4 unreadable (an
   allgather), process 0 moves it aside, a barrier, and both resume from step 2."""

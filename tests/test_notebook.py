@@ -1,34 +1,28 @@
-"""The Colab notebook runs top to bottom against today's package, with a tiny config."""
+"""The Colab notebook runs top to bottom in a real Jupyter kernel against today's package.
+
+nbclient executes notebooks/colab.ipynb in an ipykernel started from this interpreter, as
+Jupyter or `jupyter nbconvert --execute` would: IPython's display, matplotlib's inline hooks and
+the cells' own imports are the real ones. The tiny config comes in papermill's way: a cell
+tagged `injected-parameters`, inserted after the cell tagged `parameters`, overrides its values.
+"""
 
 import ast
+import base64
 import json
 import os
 import pathlib
-import subprocess
 import sys
+
+import pytest
 
 from testing import tiny_overrides
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "colab.ipynb"
-
-# Outside Jupyter, IPython may be missing: its display functions become prints.
-IPYTHON_STUB = """
-try:
-  import IPython.display
-except ImportError:
-  import types
-  _display = types.ModuleType("IPython.display")
-  _display.Image = lambda path: f"<image {path}>"
-  _display.display = print
-  _ipython = types.ModuleType("IPython")
-  _ipython.display = _display
-  sys.modules.update({"IPython": _ipython, "IPython.display": _display})
-"""
+TIMEOUT_S = 600  # per cell; training the smoke config takes well under a minute
 
 
-def _code_cells():
-  notebook = json.loads(NOTEBOOK.read_text())
+def _code_cells(notebook: dict) -> list[dict]:
   assert notebook["nbformat"] == 4
   cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
   for cell in cells:
@@ -37,12 +31,12 @@ def _code_cells():
 
 
 def test_every_code_cell_parses_and_one_cell_holds_the_parameters():
-  cells = _code_cells()
+  cells = _code_cells(json.loads(NOTEBOOK.read_text()))
   for cell in cells:
     source = "".join(cell["source"])
     ast.parse(source)  # a syntax error names the cell's code
-    shell_or_magic = source.lstrip().startswith(("!", "%"))
-    assert not shell_or_magic, "shell/magic lines would not run outside Colab"
+    magic = source.lstrip().startswith(("!", "%"))
+    assert not magic, "shell/magic lines would not run outside Colab"
   parameters = [c for c in cells if "parameters" in c["metadata"].get("tags", [])]
   assert len(parameters) == 1
   names = {
@@ -53,30 +47,84 @@ def test_every_code_cell_parses_and_one_cell_holds_the_parameters():
   assert names == {"CONFIG", "WORKDIR", "OVERRIDES", "SENTENCE"}
 
 
+def _with_parameters(notebook, source: str):
+  """The notebook with a papermill-style `injected-parameters` cell after the `parameters` one."""
+  import nbformat
+
+  cells = notebook.cells
+  (index,) = [i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", [])]
+  injected = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+  notebook.cells = cells[: index + 1] + [injected] + cells[index + 1 :]
+  return notebook
+
+
+def _kernel(tmp_path: pathlib.Path):
+  """A kernel manager for an ipykernel of this interpreter, importing this checkout's package.
+
+  The spec names `sys.executable` itself, so no kernel registered elsewhere on the machine (or
+  in another environment) can stand in for it. One CPU device, as a Colab CPU runtime has.
+  """
+  from jupyter_client.kernelspec import KernelSpecManager
+  from jupyter_client.manager import KernelManager
+
+  xla_flags = " ".join(
+      f for f in os.environ.get("XLA_FLAGS", "").split() if "force_host_platform_device" not in f
+  )
+  spec_dir = tmp_path / "kernels" / "transformer_jax_test"
+  spec_dir.mkdir(parents=True)
+  (spec_dir / "kernel.json").write_text(json.dumps({
+      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+      "display_name": "transformer_jax test",
+      "language": "python",
+      "env": {"PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags},
+  }))
+  specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")], ensure_native_kernel=False)
+  return KernelManager(kernel_name="transformer_jax_test", kernel_spec_manager=specs)
+
+
+def _outputs(cell, output_type: str) -> list:
+  return [o for o in cell.outputs if o.output_type == output_type]
+
+
+@pytest.mark.subprocess
 def test_the_notebook_trains_plots_translates_and_draws_attention(tmp_path):
-  overrides = tiny_overrides()  # the quickstart shrunk as in the other tests
+  import nbformat
+  from nbclient import NotebookClient
+
+  notebook = nbformat.read(NOTEBOOK, as_version=4)
+  _code_cells(json.loads(NOTEBOOK.read_text()))
   workdir = tmp_path / "run"
-  parameters = (
+  overrides = tiny_overrides()  # the quickstart shrunk as in the other tests
+  _with_parameters(notebook, (
       f"CONFIG = 'quickstart:smoke'\nWORKDIR = {str(workdir)!r}\n"
       f"OVERRIDES = {overrides!r}\nSENTENCE = ''\n"
+  ))
+  client = NotebookClient(
+      notebook, km=_kernel(tmp_path), timeout=TIMEOUT_S,
+      resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
   )
-  sources = []
-  for cell in _code_cells():
-    tags = cell["metadata"].get("tags", [])
-    sources.append(parameters if "parameters" in tags else "".join(cell["source"]))
-  script = tmp_path / "notebook.py"
-  script.write_text("import sys\n" + IPYTHON_STUB + "\n\n".join(sources) + "\n")
-  env = {**os.environ, "PYTHONPATH": str(REPO)}
-  fake_devices = "--xla_force_host_platform_device_count=8"
-  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(fake_devices, "")
-  proc = subprocess.run(
-      [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-      timeout=600,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  client.execute()  # a cell that raises fails the test with its traceback (CellExecutionError)
+
+  code = [c for c in notebook.cells if c.cell_type == "code"]
+  assert all(c.execution_count for c in code), "every code cell ran"
+  assert not [o for c in code for o in _outputs(c, "error")]
+  stdout = "".join(o.text for c in code for o in _outputs(c, "stream") if o.name == "stdout")
+  assert f"transformer_jax from {REPO}" in stdout  # this checkout's package, not an installed copy
+  assert "1 devices:" in stdout
+
   results = json.loads((workdir / "results.json").read_text())
   assert results["step"] == 4
+  # The training cell ends with the results dict: the kernel shows it as the cell's value.
+  (shown,) = [o for c in code for o in _outputs(c, "execute_result")]
+  assert "'step': 4" in shown.data["text/plain"]
+
   assert (workdir / "curves.png").stat().st_size > 10_000
   assert (workdir / "attention.png").stat().st_size > 10_000
-  assert proc.stdout.count("translated: ") == 5
-  assert "source:     " in proc.stdout
+  # IPython.display.display(Image(...)) sent both figures to the front end as PNG data.
+  shown = [o.data["image/png"] for c in code for o in _outputs(c, "display_data")]
+  assert [len(base64.b64decode(png)) for png in shown] == [
+      (workdir / "curves.png").stat().st_size,
+      (workdir / "attention.png").stat().st_size,
+  ]
+  assert stdout.count("translated: ") == 5
+  assert "source:     " in stdout

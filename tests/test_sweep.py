@@ -140,6 +140,7 @@ def _sweep(*args):
   )
 
 
+@pytest.mark.subprocess
 def test_sweep_trains_each_row_skips_finished_ones_and_writes_the_table(tmp_path):
   config_file = tmp_path / "sweep_config.py"
   config_file.write_text(SWEEP_CONFIG)

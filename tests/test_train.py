@@ -439,6 +439,7 @@ def _train_py(workdir, *overrides):
   )
 
 
+@pytest.mark.subprocess
 def test_unknown_config_key_fails_before_any_work(tmp_path):
   proc = _train_py(str(tmp_path / "w"), "--config.model.num_layerz=2")
   assert proc.returncode != 0
@@ -446,6 +447,7 @@ def test_unknown_config_key_fails_before_any_work(tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.subprocess
 def test_train_py_exits_143_on_sigterm_with_a_checkpoint(tmp_path):
   workdir = tmp_path / "w"
   overrides = ["--config.train.num_steps=100000", "--config.train.log_every=1"]
@@ -474,6 +476,7 @@ def test_train_py_exits_143_on_sigterm_with_a_checkpoint(tmp_path):
   assert not (workdir / "results.json").exists()  # resuming exactly: the in-process test above
 
 
+@pytest.mark.subprocess
 def test_quickstart_smoke_run_through_train_py(tmp_path):
   workdir = tmp_path / "qs"
   proc = _train_py(str(workdir), "--config.model.num_layers=1")

@@ -92,6 +92,7 @@ def test_translations_do_not_depend_on_the_references(trained_run):
   assert run.trainer.translate(run.params, sources_only, buckets, run.tokenizer) == out
 
 
+@pytest.mark.subprocess
 def test_translate_cli(trained_run, tmp_path):
   workdir, _ = trained_run
   source = tmp_path / "in.txt"
@@ -106,6 +107,7 @@ def test_translate_cli(trained_run, tmp_path):
   assert len(out) == 3 and out[1] == ""
 
 
+@pytest.mark.subprocess
 def test_translate_without_checkpoint_fails_clearly(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(tmp_path)],

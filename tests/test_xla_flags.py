@@ -48,6 +48,7 @@ def _fresh_process(xla_flags_env: str, flags: str) -> dict:
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.subprocess
 def test_the_default_is_added_before_jax_starts_and_the_cpu_backend_accepts_it():
   default = config_lib.default_config().xla_flags
   result = _fresh_process("--xla_force_host_platform_device_count=3", default)
@@ -56,6 +57,7 @@ def test_the_default_is_added_before_jax_starts_and_the_cpu_backend_accepts_it()
   assert result["devices"] == 3  # the user's flag still took effect
 
 
+@pytest.mark.subprocess
 def test_a_flag_the_user_set_wins_over_the_config():
   user = "--xla_gpu_enable_triton_gemm=true --xla_force_host_platform_device_count=2"
   config_flags = "--xla_gpu_enable_triton_gemm=false --xla_force_host_platform_device_count=5"

@@ -3,15 +3,19 @@
 Every program's `if __name__ == "__main__":` calls `cli.run(main)` instead of `absl.app.run`.
 A `errors.UserError` (ConfigError, CheckpointError and CorpusError are ones) raised anywhere
 below `main` then ends the program with one line on stderr, `error: <message>`, and status 1;
-a wrong flag stays absl's `app.UsageError` (usage text, status 1).
+a wrong flag stays absl's `app.UsageError` (usage text, status 1). A UserError raised while the
+flags are parsed (a config file's `get_config` rejecting its argument) and a `--config.KEY=VALUE`
+naming no key are reported the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 
+import ml_collections
 from absl import app, flags
 
 from transformer_jax.errors import UserError
@@ -26,7 +30,72 @@ def run(main: Callable[[list[str]], object]) -> None:
     except UserError as e:
       sys.exit(f"error: {e}")
 
-  app.run(guarded)
+  app.run(guarded, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with the user's mistakes that surface there reported as one line.
+
+  ml_collections builds a `--config FILE[:ARG]` while absl parses flags: a config's
+  `get_config(ARG)` rejecting ARG raises a UserError, which absl re-raises as a flag error whose
+  message holds a traceback; a `--config.KEY=VALUE` naming no key raises a KeyError (with
+  ml_collections' "did you mean") through no flag error at all. Other flag errors read as absl
+  writes them.
+  """
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    if (cause := _first_user_error(e)) is not None:
+      sys.exit(f"error: {cause}")
+    sys.stderr.write(f"FATAL Flags parsing error: {e}\n")
+    sys.stderr.write("Pass --helpshort or --helpfull to see help on flags.\n")
+    sys.exit(1)
+  except (AttributeError, KeyError) as e:
+    if not _raised_in(e, ml_collections.__path__[0]):
+      raise
+    while e.args and isinstance(e.args[0], BaseException):  # AttributeError(KeyError(message))
+      e = e.args[0]
+    message = " ".join(str(e.args[0] if e.args else e).split())
+    sys.exit(f"error: a --config.KEY=VALUE flag names no config key: {message}")
+
+
+def _first_user_error(error: BaseException) -> UserError | None:
+  """The UserError the chain of `error` began with (the deepest one), if there is one."""
+  found, seen = None, set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, UserError):
+      found = error
+    error = error.__cause__ or error.__context__
+  return found
+
+
+def _raised_in(error: BaseException, directory: str) -> bool:
+  traceback = error.__traceback__
+  while traceback is not None:
+    if traceback.tb_frame.f_code.co_filename.startswith(directory):
+      return True
+    traceback = traceback.tb_next
+  return False
+
+
+def config_value(config_flag: flags.FlagHolder) -> ml_collections.ConfigDict:
+  """The config of a `config_flags.DEFINE_config_file` flag; a UserError if its file is missing.
+
+  ml_collections defers a config file's IOError until the config is first used, as a traceback.
+  """
+  config = config_flag.value
+  if isinstance(config, ml_collections.ConfigDict):
+    return config
+  path = flags.FLAGS[config_flag.name].config_filename.split(":", 1)[0]
+  try:
+    config.keys()
+  except OSError as e:
+    reason = str(e).strip().splitlines()[-1].strip()
+    if not os.path.exists(path):
+      reason = f"no such file (from {os.getcwd()})"
+    raise UserError(f"--{config_flag.name}={path}: {reason}") from None
+  return config
 
 
 def workdir_args(argv: list[str], required: str = "workdir") -> flags.FlagValues:

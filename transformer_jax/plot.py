@@ -23,6 +23,9 @@ import os
 
 from absl import app, flags
 
+from transformer_jax import cli
+from transformer_jax.errors import UserError
+
 SERIES = (  # (name, record kind, key, panel, line style)
     ("training NLL", "train", "nll", 0, "-"),
     ("validation perplexity", "eval", "perplexity", 1, "-"),
@@ -45,7 +48,11 @@ def _define_flags():
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """The records of `workdir/metrics.jsonl`; a line that is not a record names file and line."""
+  """The records of `workdir/metrics.jsonl`; a line that is not a record names file and line.
+
+  FileNotFoundError if `workdir` holds no metrics.jsonl, UserError if it holds a damaged or an
+  empty one.
+  """
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist: is {workdir} the --workdir of a training run?")
@@ -57,10 +64,12 @@ def read_metrics(workdir: str) -> list[dict]:
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{number}: not a JSON record ({e.msg})") from None
+        raise UserError(f"{path}:{number}: not a JSON record ({e.msg})") from None
       if not isinstance(record, dict) or "step" not in record or "kind" not in record:
-        raise ValueError(f"{path}:{number}: a record needs 'step' and 'kind', got {line[:80]!r}")
+        raise UserError(f"{path}:{number}: a record needs 'step' and 'kind', got {line[:80]!r}")
       records.append(record)
+  if not records:
+    raise UserError(f"{path} is empty: the run has logged nothing yet")
   return records
 
 
@@ -144,6 +153,22 @@ def summary(workdir: str, records: list[dict]) -> dict:
   return out
 
 
+def _check_output(output: str) -> None:
+  """A figure file matplotlib can write at `output`, or a UserError naming --output."""
+  pyplot()  # matplotlib, or the error saying what to install
+  from matplotlib.backend_bases import FigureCanvasBase
+
+  directory = os.path.dirname(output) or "."
+  extension = os.path.splitext(output)[1].lstrip(".").lower()
+  formats = FigureCanvasBase.get_supported_filetypes()
+  if os.path.isdir(output):
+    raise UserError(f"--output {output} is a directory; give a file name such as curves.png")
+  if not os.path.isdir(directory):
+    raise UserError(f"--output {output}: the directory {directory} does not exist")
+  if extension not in formats:
+    raise UserError(f"--output {output}: expected a name ending in .{', .'.join(formats)}")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -152,13 +177,15 @@ def main(argv):
     raise app.UsageError("--workdir is required (repeat it to compare runs)")
   try:
     runs = {os.path.basename(os.path.normpath(w)) or w: read_metrics(w) for w in args.workdir}
-  except (FileNotFoundError, ValueError) as e:
-    raise app.UsageError(str(e)) from None
+  except FileNotFoundError as e:
+    raise UserError(f"--workdir: {e}") from None
   if len(runs) < len(args.workdir):
-    raise app.UsageError(
-        "two workdirs share a directory name: the legend could not tell them apart"
+    raise UserError(
+        f"--workdir {args.workdir}: two workdirs share a directory name, so the legend could "
+        "not tell them apart"
     )
   output = args.output or os.path.join(args.workdir[0], "curves.png")
+  _check_output(output)
   plot(runs, output, args.x)
   print(json.dumps({
       "output": output,
@@ -168,4 +195,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -30,11 +30,12 @@ import pathlib
 import subprocess
 import sys
 
-from absl import app, flags
+from absl import flags
 from etils import epath
 
 from transformer_jax import cli
 from transformer_jax import config as config_lib
+from transformer_jax.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PREEMPTED = 143  # train.py's exit status after a SIGTERM (transformer_jax.preemption)
@@ -54,15 +55,16 @@ def _define_flags():
 def load_sweep(path: str):
   """The sweep config module (`get_config`, `PAPER`), loaded from its file."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"sweep config {path} does not exist")
+    raise UserError(f"--config={path}: no such sweep config file (from {os.getcwd()})")
   if str(REPO) not in sys.path:  # configs import each other as `configs.*`
     sys.path.insert(0, str(REPO))
   spec = importlib.util.spec_from_file_location("_sweep_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  if not isinstance(getattr(module, "PAPER", None), dict):
-    raise ValueError(
-        f"{path} has no PAPER dict (row -> (changes, ppl, bleu, params)); see configs/table3.py"
+  if not isinstance(getattr(module, "PAPER", None), dict) or not module.PAPER:
+    raise UserError(
+        f"--config={path}: not a sweep config, it has no PAPER dict of rows (row -> (changes, "
+        "ppl, bleu, params)); see configs/table3.py"
     )
   return module
 
@@ -71,7 +73,7 @@ def parse_override(text: str) -> tuple[str, object]:
   """"train.num_steps=2000" -> ("train.num_steps", 2000); a value Python cannot read is a str."""
   key, sep, raw = text.partition("=")
   if not sep or not key:
-    raise ValueError(f"--override {text!r}: expected KEY=VALUE, e.g. train.num_steps=2000")
+    raise UserError(f"--override {text!r}: expected KEY=VALUE, e.g. train.num_steps=2000")
   try:
     value = ast.literal_eval(raw)
   except (ValueError, SyntaxError):
@@ -131,7 +133,7 @@ def collect(root: str, rows: list[str], paper: dict) -> list[dict]:
     }
     path = epath.Path(root) / row / "results.json"
     if path.exists():
-      results = json.loads(path.read_text())
+      results = _read_results(path)
       record.update(
           params=results["num_params"],
           params_m=round(results["num_params"] / 1e6, 1),
@@ -141,6 +143,24 @@ def collect(root: str, rows: list[str], paper: dict) -> list[dict]:
       )
     records.append(record)
   return records
+
+
+def _read_results(path: epath.Path) -> dict:
+  """A finished row's results.json, or a UserError naming the file and what is wrong with it."""
+  try:
+    results = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    problem = f"is not JSON ({e.msg})"
+  else:
+    keys = ("num_params", "step", "eval_perplexity", "test_bleu")
+    missing = [k for k in keys if not isinstance(results, dict) or k not in results]
+    if not missing:
+      return results
+    problem = f"lacks {missing}"
+  raise UserError(
+      f"{path} {problem}: not the results of a finished training run; move it away to rerun "
+      "the row"
+  )
 
 
 def markdown(records: list[dict]) -> str:
@@ -178,14 +198,21 @@ def main(argv):
   rows = args.rows or list(module.PAPER)
   unknown = [r for r in rows if r not in module.PAPER]
   if unknown:
-    sys.exit(f"error: {args.config} has no rows {unknown}; it has {', '.join(module.PAPER)}")
+    raise UserError(
+        f"--rows: {args.config} has no rows {unknown}; it has {', '.join(module.PAPER)}"
+    )
+  root = epath.Path(args.workdir_root)
+  if root.exists() and not root.is_dir():
+    raise UserError(f"--workdir_root {root} is a file, not a directory")
+  if args.table_only and not root.is_dir():
+    raise UserError(f"--workdir_root {root}: no such directory, so no rows to tabulate")
   overrides = [parse_override(o) for o in args.override]
   if not args.table_only:
     try:  # every row, before any of them trains
       for row in rows:
         row_config(module, row, overrides)
     except ValueError as e:  # config.ConfigError included
-      sys.exit(f"error: row {row}: {e}")
+      raise UserError(f"row {row}: {e}") from None
 
   root, failed = _absolute(args.workdir_root), []
   for row in [] if args.table_only else rows:
@@ -210,9 +237,9 @@ def main(argv):
   records = write_table(root, rows, module.PAPER)
   print(json.dumps({"table": str(epath.Path(root) / "table.md"), "rows": records}))
   if failed:
-    sys.exit(f"error: rows {failed} failed; see their output above")
+    raise UserError(f"rows {failed} failed; see their output above")
 
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

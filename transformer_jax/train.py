@@ -31,6 +31,7 @@ import tqdm
 from transformer_jax import checkpoint, distributed, losses, optim, preemption, sharding, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
+from transformer_jax import errors
 from transformer_jax import evaluate as evaluate_lib
 from transformer_jax.data import batching, pipeline
 from transformer_jax.model import Transformer
@@ -467,6 +468,8 @@ def run(
   this process first joins the multi-process job (see distributed.py).
   """
   config_lib.validate(config)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.UserError(f"--workdir {workdir} is a file, not a directory (a new one or a run's)")
   xla_flags.apply(config.xla_flags)  # before JAX creates a backend, which reads XLA_FLAGS
   distributed.initialize(config)  # before anything asks JAX for devices or the process index
   os.makedirs(workdir, exist_ok=True)

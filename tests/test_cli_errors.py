@@ -1,0 +1,233 @@
+"""A user's mistake on the command line ends in one line naming it, before any compute.
+
+The checks on the library functions run in this process; the `subprocess` ones start the real
+programs (train.py, sweep, plot, benchmarks/throughput.py) and check what the user sees: exit
+status 1 and a single stderr line `error: ...` (cli.run), no traceback.
+"""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from transformer_jax import config as config_lib
+from transformer_jax import errors, plot, sweep
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.py") if p.name != "__init__.py")
+
+
+def _config_module(name: str):
+  spec = importlib.util.spec_from_file_location(f"_config_{name[:-3]}", REPO / "configs" / name)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _variants(name: str) -> list[str]:
+  """The variants (`--config configs/NAME:VARIANT`) each config file accepts."""
+  if name == "table3.py":
+    return list(_config_module(name).PAPER)
+  return {"big.py": ["enfr"], "quickstart.py": ["smoke"]}.get(name, [])
+
+
+def test_every_config_file_is_covered():
+  assert set(CONFIGS) == {"base.py", "big.py", "multi30k.py", "quickstart.py", "table3.py"}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_config_builds_without_a_variant_and_with_each_of_its_own(name):
+  module = _config_module(name)
+  for variant in [None, "", *_variants(name)]:
+    config = module.get_config(variant)
+    if config.data.source != "text":  # the text source's data.path must exist on this machine
+      config_lib.validate(config)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("variant", ["typo", "Smoke", "enfr ", "base:A1"])
+def test_a_wrong_variant_is_refused_naming_the_file_and_the_valid_ones(name, variant):
+  module = _config_module(name)
+  with pytest.raises(config_lib.ConfigError) as raised:
+    module.get_config(variant)
+  message = str(raised.value)
+  assert message.startswith(f"configs/{name}:{variant}: ")
+  if _variants(name):
+    assert all(v in message for v in _variants(name)), message
+  else:
+    assert f"{name} takes no variant" in message
+
+
+def test_a_workdir_that_is_a_file_is_refused_before_anything_is_written(tmp_path):
+  from testing import tiny_train_config
+
+  from transformer_jax import train
+
+  path = tmp_path / "notes.txt"
+  path.write_text("mine\n")
+  with pytest.raises(errors.UserError, match=r"notes.txt is a file, not a directory"):
+    train.run(tiny_train_config(), str(path))
+  assert path.read_text() == "mine\n" and os.listdir(tmp_path) == ["notes.txt"]
+
+
+def test_plot_refuses_a_directory_that_is_not_a_run_and_an_empty_log(tmp_path):
+  with pytest.raises(FileNotFoundError, match="is .* the --workdir of a training run"):
+    plot.read_metrics(str(tmp_path))
+  (tmp_path / "metrics.jsonl").write_text("\n")
+  with pytest.raises(errors.UserError, match=r"metrics.jsonl is empty"):
+    plot.read_metrics(str(tmp_path))
+
+
+@pytest.mark.parametrize("output, expected", [
+    ("DIR", "is a directory"),
+    ("DIR/missing/curves.png", "the directory .*missing does not exist"),
+    ("DIR/curves.xyz", r"expected a name ending in .*\.png"),
+    ("DIR/curves", r"expected a name ending in .*\.png"),
+])  # fmt: skip
+def test_plot_refuses_an_output_it_could_not_write(tmp_path, output, expected):
+  with pytest.raises(errors.UserError, match=expected):
+    plot._check_output(output.replace("DIR", str(tmp_path)))
+  plot._check_output(str(tmp_path / "curves.png"))  # and accepts one it can
+
+
+def test_sweep_refuses_a_missing_file_and_a_config_that_is_not_a_sweep(tmp_path):
+  with pytest.raises(errors.UserError, match="no such sweep config file"):
+    sweep.load_sweep(str(tmp_path / "nothing.py"))
+  with pytest.raises(errors.UserError, match="not a sweep config, it has no PAPER dict"):
+    sweep.load_sweep(str(REPO / "configs" / "base.py"))
+  (tmp_path / "empty.py").write_text("PAPER = {}\n")
+  with pytest.raises(errors.UserError, match="not a sweep config"):
+    sweep.load_sweep(str(tmp_path / "empty.py"))
+  with pytest.raises(errors.UserError, match="expected KEY=VALUE"):
+    sweep.parse_override("=3")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("{", r"results.json is not JSON \("),
+    ('{"step": 3}', r"results.json lacks \['num_params', 'eval_perplexity', 'test_bleu'\]"),
+    ("[1, 2]", r"results.json lacks \['num_params', 'step'"),
+])  # fmt: skip
+def test_sweep_names_a_damaged_results_file(tmp_path, text, expected):
+  (tmp_path / "A1").mkdir()
+  (tmp_path / "A1" / "results.json").write_text(text)
+  with pytest.raises(errors.UserError, match=expected):
+    sweep.collect(str(tmp_path), ["A1"], {"A1": ({}, 1.0, 1.0, None)})
+
+
+# ------------------------------------------------------------ the programs, as a user runs them
+
+TRAIN = [sys.executable, "train.py"]
+SWEEP = [sys.executable, "-m", "transformer_jax.sweep"]
+PLOT = [sys.executable, "-m", "transformer_jax.plot"]
+THROUGHPUT = [sys.executable, "benchmarks/throughput.py"]
+QUICKSTART = ["--config", "configs/quickstart.py:smoke"]
+
+# (command, expected start of the one line after "error: "); TMP is the test's tmp_path, which
+# holds `a_file`, `not_a_run/` (a directory without metrics.jsonl), `empty_run/` (an empty
+# metrics.jsonl), `a_run/` (one record) and `sweep/base/results.json` (damaged).
+CASES = {
+    "train: a config without variants given one": (
+        [*TRAIN, "--config", "configs/base.py:typo", "--workdir", "TMP/w"],
+        "configs/base.py:typo: base.py takes no variant; use configs/base.py",
+    ),
+    "train: a wrong variant": (
+        [*TRAIN, "--config", "configs/big.py:enfrr", "--workdir", "TMP/w"],
+        "configs/big.py:enfrr: unknown variant; expected configs/big.py or configs/big.py:enfr",
+    ),
+    "train: a wrong Table 3 row": (
+        [*TRAIN, "--config", "configs/table3.py:F1", "--workdir", "TMP/w"],
+        "configs/table3.py:F1: unknown Table 3 row 'F1'; expected one of base, A1, A2",
+    ),
+    "train: a missing config file": (
+        [*TRAIN, "--config", "configs/quickstrat.py", "--workdir", "TMP/w"],
+        "--config=configs/quickstrat.py: no such file",
+    ),
+    "train: an override naming no key": (
+        [*TRAIN, *QUICKSTART, "--config.model.num_layer=2", "--workdir", "TMP/w"],
+        "a --config.KEY=VALUE flag names no config key: 'num_layer' Did you mean \"num_layers\"",
+    ),
+    "train: a workdir that is a file": (
+        [*TRAIN, *QUICKSTART, "--workdir", "TMP/a_file"],
+        "--workdir TMP/a_file is a file, not a directory",
+    ),
+    "sweep: a missing config file": (
+        [*SWEEP, "--config", "configs/tabel3.py", "--workdir_root", "TMP/w"],
+        "--config=configs/tabel3.py: no such sweep config file",
+    ),
+    "sweep: a config that is not a sweep": (
+        [*SWEEP, "--config", "configs/base.py", "--workdir_root", "TMP/w"],
+        "--config=configs/base.py: not a sweep config",
+    ),
+    "sweep: a wrong row": (
+        [*SWEEP, "--rows", "A1,A9", "--workdir_root", "TMP/w"],
+        "--rows: configs/table3.py has no rows ['A9']",
+    ),
+    "sweep: a workdir_root that is a file": (
+        [*SWEEP, "--workdir_root", "TMP/a_file", "--dry_run"],
+        "--workdir_root TMP/a_file is a file, not a directory",
+    ),
+    "sweep: --table_only on nothing": (
+        [*SWEEP, "--workdir_root", "TMP/w", "--table_only"],
+        "--workdir_root TMP/w: no such directory",
+    ),
+    "sweep: a damaged results.json": (
+        [*SWEEP, "--workdir_root", "TMP/sweep", "--table_only"],
+        "TMP/sweep/base/results.json is not JSON",
+    ),
+    "plot: a directory that is no run": (
+        [*PLOT, "--workdir", "TMP/not_a_run"],
+        "--workdir: TMP/not_a_run/metrics.jsonl does not exist",
+    ),
+    "plot: a run that logged nothing": (
+        [*PLOT, "--workdir", "TMP/empty_run"],
+        "TMP/empty_run/metrics.jsonl is empty",
+    ),
+    "plot: an output in a missing directory": (
+        [*PLOT, "--workdir", "TMP/a_run", "--output", "TMP/figures/curves.png"],
+        "--output TMP/figures/curves.png: the directory TMP/figures does not exist",
+    ),
+    "throughput: a wrong variant": (
+        [*THROUGHPUT, "--config", "configs/quickstart.py:tiny"],
+        "configs/quickstart.py:tiny: unknown variant",
+    ),
+    "throughput: --batch_size alone": (
+        [*THROUGHPUT, "--config", "configs/quickstart.py", "--batch_size=8"],
+        "--batch_size=8 --seq_len=0: give both",
+    ),
+    "throughput: --seq_len beyond the model": (
+        [*THROUGHPUT, "--config", "configs/quickstart.py", "--batch_size=8", "--seq_len=65"],
+        "--seq_len=65 exceeds config.model.max_len=64",
+    ),
+}
+
+
+@pytest.fixture
+def user_files(tmp_path):
+  (tmp_path / "a_file").write_text("not a directory\n")
+  (tmp_path / "not_a_run").mkdir()
+  (tmp_path / "empty_run").mkdir()
+  (tmp_path / "empty_run" / "metrics.jsonl").write_text("")
+  (tmp_path / "a_run").mkdir()
+  (tmp_path / "a_run" / "metrics.jsonl").write_text('{"step": 1, "kind": "train", "nll": 2.0}\n')
+  (tmp_path / "sweep" / "base").mkdir(parents=True)
+  (tmp_path / "sweep" / "base" / "results.json").write_text('{"step": 4, "num_par')
+  return tmp_path
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_program_ends_with_one_line_naming_the_mistake(case, user_files):
+  command, expected = CASES[case]
+  command = [arg.replace("TMP", str(user_files)) for arg in command]
+  before = sorted(p.relative_to(user_files) for p in user_files.rglob("*"))
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(
+      command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+  )  # fmt: skip
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+  assert lines[0].startswith("error: " + expected.replace("TMP", str(user_files))), lines[0]
+  assert sorted(p.relative_to(user_files) for p in user_files.rglob("*")) == before  # nothing made
