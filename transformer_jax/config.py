@@ -46,6 +46,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.source = "synthetic"  # synthetic | text | tfds
   c.data.path = ""  # text: directory with {split}.{lang} files
+  # Prepared (tokenized, memory-mapped) corpora, data/prepared.py. "": `prepared/` beside the
+  # workdir (shared storage on a cluster; sibling runs share it), or ~/.cache/transformer_jax/
+  # prepared without a workdir.
+  c.data.cache_dir = ""
   c.data.tfds_name = "wmt14_translate/de-en"
   c.data.tfds_data_dir = ""
   c.data.source_lang = "en"

@@ -51,8 +51,19 @@ class _Packed:
   """One side of the corpus as a flat int32 array plus per-example start and length.
 
   Flat storage lets a batch be gathered with one fancy-indexing call instead
-  of a Python loop over rows.
+  of a Python loop over rows. A prepared corpus (data/prepared.py) brings its
+  arrays already flat, memory-mapped: a batch then reads only its own rows'
+  pages, so each process touches its share of the corpus and no more.
   """
+
+  @classmethod
+  def from_arrays(cls, arrays) -> _Packed:
+    """From prepared.TokenArrays, without copying (ids were checked when prepared)."""
+    self = cls.__new__(cls)
+    self.lengths = np.diff(arrays.offsets)                                 # [N]
+    self.starts = np.asarray(arrays.offsets[:-1])                          # [N]
+    self.flat = arrays.tokens if len(arrays.tokens) else np.zeros(1, np.int32)
+    return self
 
   def __init__(self, seqs: Sequence[Sequence[int]], side: str):
     self.lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
@@ -104,8 +115,12 @@ class _Corpus:
       raise ValueError(f"bucket_lengths={bucket_lengths} must be strictly increasing and "
                        ">= 2 (one token plus EOS/BOS); see make_bucket_lengths(max_len).")
     self.bucket_lengths = bucket_lengths
-    self.src = _Packed([s for s, _ in examples], "source")
-    self.tgt = _Packed([t for _, t in examples], "target")
+    if hasattr(examples, "source") and hasattr(examples, "target"):  # prepared.Examples
+      self.src = _Packed.from_arrays(examples.source)
+      self.tgt = _Packed.from_arrays(examples.target)
+    else:
+      self.src = _Packed([s for s, _ in examples], "source")
+      self.tgt = _Packed([t for _, t in examples], "target")
     # The longest bucket is max_len; keep one slot for EOS (and BOS, on the target side).
     cap = bucket_lengths[-1] - 1
     self.src_lengths = np.minimum(self.src.lengths, cap)                  # [N]
