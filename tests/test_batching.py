@@ -310,3 +310,28 @@ def test_packing_has_little_padding_resumes_exactly_and_slices_by_process():
     for key in a:
       np.testing.assert_array_equal(a[key], b[key])
       np.testing.assert_array_equal(np.concatenate([s[key] for s in slices]), a[key])
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_resume_on_another_device_count_draws_the_same_global_batches(examples, packing):
+  # 4 devices round rows down to a multiple of 4; one device alone would not round at all.
+  kwargs = {"tokens_per_batch": 500, "packing": packing}
+  saved = make_iterator(examples, batch_multiple=4, **kwargs)
+  for _ in range(saved.batches_per_epoch + 2):
+    next(saved)
+  state = json.loads(json.dumps(saved.get_state()))
+  alone = make_iterator(examples, batch_multiple=1, **kwargs)
+  assert alone.rows_per_bucket != saved.rows_per_bucket  # the rounding differs
+  two_processes = [make_iterator(examples, batch_multiple=2, process_index=i, process_count=2,
+                                 **kwargs) for i in range(2)]
+  for it in (alone, *two_processes):
+    it.set_state(state)
+    assert it.rows_per_bucket == saved.rows_per_bucket
+  for _ in range(saved.batches_per_epoch + 5):
+    want, got = next(saved), next(alone)
+    halves = [next(p) for p in two_processes]
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key])
+      np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), want[key])
+  with pytest.raises(ValueError, match=r"multiple of batch_multiple=8"):
+    make_iterator(examples, batch_multiple=8, **kwargs).set_state(state)

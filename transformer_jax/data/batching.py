@@ -275,6 +275,7 @@ class BatchIterator:
     self._packing = packing
     self._corpus = _Corpus(examples, bucket_lengths)
     self._rows = self._rows_per_bucket(tokens_per_batch, batch_size, batch_multiple)
+    self._batch_multiple = batch_multiple
     self._seed = seed
     self._shuffle = shuffle
     self._drop_remainder = drop_remainder
@@ -377,11 +378,17 @@ class BatchIterator:
     local = index[self._process_index * local_rows:(self._process_index + 1) * local_rows]
     return self._corpus.batch(local, self._corpus.bucket_lengths[bucket])
 
-  def get_state(self) -> dict[str, int]:
-    """JSON-serialisable position: the next batch is batch `batch` of epoch `epoch`."""
-    return {"epoch": self._epoch, "batch": self._batch, "num_examples": len(self._corpus)}
+  def get_state(self) -> dict:
+    """JSON-serialisable position: the next batch is batch `batch` of epoch `epoch`. `rows`, the
+    global rows per bucket, lets a run resume on another number of devices or processes and
+    still draw the same global batches (`set_state`)."""
+    return {"epoch": self._epoch, "batch": self._batch, "num_examples": len(self._corpus),
+            "rows": list(self._rows)}
 
-  def set_state(self, state: dict[str, int]) -> None:
+  def set_state(self, state: dict) -> None:
+    """Resumes at `state`'s position. Elastic: a state saved with other global rows (another
+    device count changes the rounding to batch_multiple) keeps those rows when this iterator's
+    batch_multiple divides them, so the global batches continue unchanged."""
     # The example count is a cheap guard against resuming over different data,
     # which would silently train on another sequence of batches.
     if state["num_examples"] != len(self._corpus):
@@ -389,6 +396,19 @@ class BatchIterator:
           f"Saved data state is for {state['num_examples']} examples, this iterator has "
           f"{len(self._corpus)}: the training data changed since the checkpoint. Restore "
           "the same data or start a new workdir.")
+    rows = [int(r) for r in state.get("rows", self._rows)]  # states saved before "rows" existed
+    if rows != self._rows:
+      if len(rows) != len(self._rows) or any(r % self._batch_multiple for r in rows):
+        raise ValueError(
+            f"Saved data state has global rows per bucket {rows}; this run needs "
+            f"{len(self._rows)} buckets with rows a multiple of batch_multiple="
+            f"{self._batch_multiple} (devices x gradient accumulation, and processes): the "
+            "batching settings or the device count changed incompatibly since the checkpoint. "
+            "Resume on a device count that divides the saved rows.")
+      logging.info("data: keeping the checkpoint's global rows per bucket %s (this device "
+                   "count alone would give %s): the same global batches", rows, self._rows)
+      self._rows = rows
+      self.batches_per_epoch = len(self._plan(0))
     if not 0 <= state["batch"] <= self.batches_per_epoch:
       raise ValueError(f"Saved data state batch={state['batch']} is outside [0, "
                        f"{self.batches_per_epoch}]: the batching settings changed since "
