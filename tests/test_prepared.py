@@ -195,3 +195,36 @@ def test_batches_from_prepared_arrays_equal_batches_from_lists(tmp_path):
     for _ in range(2 * mapped.batches_per_epoch):
       a, b = next(mapped), next(listed)
       assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.subprocess
+def test_prepare_data_command_prepares_then_reuses_and_reports_errors_in_one_line(tmp_path):
+  import json
+
+  small_corpus(tmp_path)
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  command = [sys.executable, "-m", "transformer_jax.prepare_data",
+             "--config", os.path.join(repo, "configs/quickstart.py:smoke"),
+             "--config.data.source=text", f"--config.data.path={tmp_path}",
+             "--config.data.vocab_size=120", f"--workdir={tmp_path / 'runs' / 'a'}"]
+  env = {**os.environ, "PYTHONPATH": repo, "JAX_PLATFORMS": "cpu"}
+
+  def run(*extra):
+    return subprocess.run([*command, *extra], env=env, capture_output=True, text=True,
+                          timeout=300, check=False, cwd=repo)
+
+  first = run()
+  assert first.returncode == 0, first.stderr
+  report = json.loads(first.stdout.strip().splitlines()[-1])
+  assert report["reused"] is False and report["splits"]["train"]["pairs"] == 400
+  assert report["prepared"].startswith(str(tmp_path / "runs" / "prepared"))
+  assert (tmp_path / "runs" / "a" / pipeline.SPM_VOCAB).exists()  # for translate
+  second = json.loads(run().stdout.strip().splitlines()[-1])
+  assert second["reused"] is True and second["prepared"] == report["prepared"]
+  # A run of train.py with this config finds it: same directory, nothing prepared.
+  dataset = pipeline.load_dataset(text_config(tmp_path), str(tmp_path / "runs" / "b"))
+  assert dataset.seconds["prepare"] == 0.0 and dataset.cache_dir == report["prepared"]
+
+  bad = run("--config.data.vocab_size=99999")
+  assert bad.returncode == 1
+  assert bad.stderr.strip().splitlines()[-1].startswith("error: ")

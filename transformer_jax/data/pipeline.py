@@ -141,10 +141,13 @@ def load_dataset(config: ml_collections.ConfigDict, workdir: str | None = None,
   return dataset
 
 
-def split_sources(config: ml_collections.ConfigDict) -> dict[str, prepared.SplitSource]:
-  """Where each split of a real corpus comes from (the TFDS dataset is prepared if needed)."""
+def split_sources(config: ml_collections.ConfigDict,
+                  splits: Sequence[str] = SPLIT_KEYS) -> dict[str, prepared.SplitSource]:
+  """Where each of `splits` (and "train", which the vocabulary comes from) of a real corpus comes
+  from (the TFDS dataset is downloaded and prepared if needed)."""
   d = config.data
   names = {"train": d.train_split, "eval": d.eval_split, "test": d.test_split}
+  names = {key: split for key, split in names.items() if key == "train" or key in splits}
   if d.source == "text":
     return {
         key: prepared.text_split(d.path, split, d.source_lang, d.target_lang)
@@ -167,7 +170,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None, cache_dir: s
   """Prepares what is missing (vocabulary, splits) into cache_dir from this process. Returns the
   vocabulary's directory and whether anything was missing. The workdir, if given, gets the
   vocabulary."""
-  sources = sources or split_sources(config)
+  if workdir is not None:
+    _check_workdir_vocab_size(workdir, config.data.vocab_size)
+  sources = sources or split_sources(config, splits)
   spec = _vocab_spec(config, workdir, cache_dir, sources["train"])
   vocab_directory = prepared.vocab_dir(cache_dir, _corpus_name(config), spec, sources["train"])
   missing = not prepared.is_complete(vocab_directory) or not all(
@@ -186,9 +191,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None, cache_dir: s
 def _load_prepared(config, workdir, cache_dir, splits) -> Dataset:
   d = config.data
   start = time.perf_counter()
-  if workdir is not None:
-    _check_workdir_vocab_size(workdir, d.vocab_size)
-  sources = split_sources(config)
+  sources = split_sources(config, splits)
   if _is_chief():
     vocab_directory, missing = prepare(config, workdir, cache_dir, splits, sources)
   _wait_for_chief("transformer_jax: corpus prepared")
