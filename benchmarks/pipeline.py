@@ -127,23 +127,18 @@ def compare_packing(config, dataset) -> dict:
     state, rng = trainer.init_state(config.seed), jax.random.PRNGKey(0)
     compiled = set()
 
-    def step(state, batch):
-      key = (tuple(batch["inputs"].shape), "inputs_segmentation" in batch)
-      if key not in compiled:  # compile outside the timing
-        jax.block_until_ready(trainer.train_step(state, batch, rng))
-        compiled.add(key)
-      return trainer.train_step(state, batch, rng)
-
   per_round = {name: [] for name in modes}
   for _ in range(_ROUNDS.value):
     for name, it in modes.items():
       figures = draw(it, _SECONDS.value, _MAX_BATCHES.value)
       if trainer is not None:
         batches = [next(it) for _ in range(_TRAIN_STEPS.value)]
-        for batch in batches:  # compile every shape first
+        for batch in batches:  # compile every shape outside the timing
           key = (tuple(batch["inputs"].shape), "inputs_segmentation" in batch)
           if key not in compiled:
-            state, _ = step(state, batch)
+            state, _ = trainer.train_step(state, batch, rng)
+            jax.block_until_ready(state)
+            compiled.add(key)
         start = time.perf_counter()
         target_tokens = 0
         for batch in batches:

@@ -335,3 +335,26 @@ def test_resume_on_another_device_count_draws_the_same_global_batches(examples, 
       np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), want[key])
   with pytest.raises(ValueError, match=r"multiple of batch_multiple=8"):
     make_iterator(examples, batch_multiple=8, **kwargs).set_state(state)
+
+
+def test_packing_in_parts_covers_every_pair_and_resumes_inside_a_part(examples, monkeypatch):
+  from transformer_jax.data import batching
+
+  monkeypatch.setattr(batching, "_PACK_PART", 150)  # 7 parts, the last one partial
+  want = collections.Counter(tuple(s) for s, _ in examples)
+  it = make_iterator(examples, packing=True, tokens_per_batch=128, drop_remainder=False)
+  seen = collections.Counter()
+  for _ in range(it.batches_per_epoch):
+    for src, *_ in unpack(next(it)).values():
+      seen[tuple(src[:-1].tolist())] += 1
+  assert seen == want and it.get_state()["epoch"] == 0 and it.get_state()["part"] == 6
+  for _ in range(it.batches_per_epoch // 2):  # into the next epoch's fourth part or so
+    next(it)
+  state = json.loads(json.dumps(it.get_state()))
+  assert state["epoch"] == 1 and 0 < state["part"] < 6
+  restored = make_iterator(examples, packing=True, tokens_per_batch=128, drop_remainder=False)
+  restored.set_state(state)
+  for _ in range(it.batches_per_epoch):
+    a, b = next(it), next(restored)
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])

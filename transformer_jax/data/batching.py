@@ -191,6 +191,9 @@ class _Corpus:
 # fills one row at a time). Measured on the WMT-sized corpus at max_len 256 (~36 pieces a side):
 # 1 open row leaves ~8% of positions empty, 8 leave ~2%; more gain little and cost time.
 _OPEN_ROWS = 8
+# Pairs packed at a time (an epoch's shuffled order is cut into parts of this many): about 0.5 s
+# of packing, and a partial batch dropped per part (~0.3% of 2^17 pairs at base's 96 rows).
+_PACK_PART = 1 << 17
 
 
 def pack(order: np.ndarray, src_need: np.ndarray, tgt_need: np.ndarray, length: int,
@@ -282,15 +285,29 @@ class BatchIterator:
     self._process_index = process_index
     self._process_count = process_count
     self.num_truncated = self._corpus.num_truncated
-    self.batches_per_epoch = len(self._plan(0))
-    if self.batches_per_epoch == 0:
+    self._order_cache = (-1, None)
+    self._batches_per_epoch = None
+    self._epoch, self._part, self._batch = 0, 0, 0
+    self._part_plan = self._plan(0, 0)
+    if not self._part_plan:
       raise ValueError(
           f"No full batch in {len(self._corpus)} examples: every bucket holds fewer "
           f"examples than its batch rows {self.rows_per_bucket}. Lower tokens_per_batch/"
           "batch_size or pass drop_remainder=False.")
-    self._epoch = 0
-    self._batch = 0
-    self._epoch_plan = self._plan(0)
+
+  @property
+  def batches_per_epoch(self) -> int:
+    """Batches in epoch 0. With packing the count varies a little from epoch to epoch, and
+    asking packs the whole epoch (seconds for millions of pairs), so training never asks."""
+    if self._batches_per_epoch is None:
+      self._batches_per_epoch = sum(len(self._plan(0, k)) for k in range(self._num_parts))
+    return self._batches_per_epoch
+
+  @property
+  def _num_parts(self) -> int:
+    """Packing plans an epoch in parts of _PACK_PART pairs, so that a start or a resume packs
+    one part, not the epoch; bucketing plans the epoch at once (it is fast)."""
+    return -(-len(self._corpus) // _PACK_PART) if self._packing else 1
 
   def _rows_per_bucket(self, tokens_per_batch, batch_size, batch_multiple) -> list[int]:
     lengths = self._corpus.bucket_lengths
@@ -314,14 +331,20 @@ class BatchIterator:
     """Global batch rows for each bucket length: the (rows, L) shapes jit will see."""
     return dict(zip(self._corpus.bucket_lengths, self._rows))
 
-  def _plan(self, epoch: int) -> list:
-    """The epoch's global batches as (bucket, example indices), or with packing as (pairs,
-    counts): the pairs of each row, in order; pure in (seed, epoch)."""
+  def _order(self, epoch: int) -> tuple[np.ndarray, np.random.Generator]:
     rng = np.random.default_rng([self._seed, epoch])
     n = len(self._corpus)
-    order = rng.permutation(n) if self._shuffle else np.arange(n)          # [N]
+    return (rng.permutation(n) if self._shuffle else np.arange(n)), rng    # [N]
+
+  def _plan(self, epoch: int, part: int) -> list:
+    """Global batches of one part of an epoch as (bucket, example indices), or with packing as
+    (pairs, counts): the pairs of each row, in order. Pure in (seed, epoch, part)."""
     if self._packing:
+      if self._order_cache[0] != epoch:
+        self._order_cache = (epoch, self._order(epoch)[0])
+      order = self._order_cache[1][part * _PACK_PART:(part + 1) * _PACK_PART]
       return self._packed_plan(order)
+    order, rng = self._order(epoch)
     # A stable sort by bucket keeps the shuffled order within each bucket.
     order = order[np.argsort(self._corpus.bucket[order], kind="stable")]
     bounds = np.searchsorted(self._corpus.bucket[order], np.arange(len(self._rows) + 1))
@@ -359,12 +382,14 @@ class BatchIterator:
     return self
 
   def __next__(self) -> Batch:
-    if self._batch == len(self._epoch_plan):
-      self._epoch += 1
+    while self._batch == len(self._part_plan):  # a part of a small corpus may have no batch
+      self._part += 1
+      if self._part == self._num_parts:
+        self._epoch, self._part = self._epoch + 1, 0
       self._batch = 0
-      self._epoch_plan = self._plan(self._epoch)
+      self._part_plan = self._plan(self._epoch, self._part)
     if self._packing:
-      pairs, counts = self._epoch_plan[self._batch]
+      pairs, counts = self._part_plan[self._batch]
       self._batch += 1
       local_rows = len(counts) // self._process_count
       first = self._process_index * local_rows
@@ -372,18 +397,19 @@ class BatchIterator:
       counts = counts[first:first + local_rows]
       pairs = pairs[skip:skip + int(counts.sum())]
       return self._corpus.packed_rows(pairs, counts, self._corpus.bucket_lengths[0])
-    bucket, index = self._epoch_plan[self._batch]
+    bucket, index = self._part_plan[self._batch]
     self._batch += 1
     local_rows = len(index) // self._process_count
     local = index[self._process_index * local_rows:(self._process_index + 1) * local_rows]
     return self._corpus.batch(local, self._corpus.bucket_lengths[bucket])
 
   def get_state(self) -> dict:
-    """JSON-serialisable position: the next batch is batch `batch` of epoch `epoch`. `rows`, the
-    global rows per bucket, lets a run resume on another number of devices or processes and
-    still draw the same global batches (`set_state`)."""
-    return {"epoch": self._epoch, "batch": self._batch, "num_examples": len(self._corpus),
-            "rows": list(self._rows)}
+    """JSON-serialisable position: the next batch is batch `batch` of part `part` (always 0
+    without packing) of epoch `epoch`. `rows`, the global rows per bucket, lets a run resume on
+    another number of devices or processes and still draw the same global batches
+    (`set_state`)."""
+    return {"epoch": self._epoch, "part": self._part, "batch": self._batch,
+            "num_examples": len(self._corpus), "rows": list(self._rows)}
 
   def set_state(self, state: dict) -> None:
     """Resumes at `state`'s position. Elastic: a state saved with other global rows (another
@@ -408,14 +434,18 @@ class BatchIterator:
       logging.info("data: keeping the checkpoint's global rows per bucket %s (this device "
                    "count alone would give %s): the same global batches", rows, self._rows)
       self._rows = rows
-      self.batches_per_epoch = len(self._plan(0))
-    if not 0 <= state["batch"] <= self.batches_per_epoch:
+      self._batches_per_epoch = None
+    epoch, part = int(state["epoch"]), int(state.get("part", 0))
+    if not 0 <= part < self._num_parts:
+      raise ValueError(f"Saved data state part={part} is outside [0, {self._num_parts}): "
+                       "packing was switched on or off since the checkpoint.")
+    plan = self._plan(epoch, part)
+    if not 0 <= state["batch"] <= len(plan):
       raise ValueError(f"Saved data state batch={state['batch']} is outside [0, "
-                       f"{self.batches_per_epoch}]: the batching settings changed since "
-                       "the checkpoint.")
-    self._epoch = int(state["epoch"])
-    self._batch = int(state["batch"])
-    self._epoch_plan = self._plan(self._epoch)
+                       f"{len(plan)}] (epoch {epoch}, part {part}): the batching settings "
+                       "changed since the checkpoint.")
+    self._epoch, self._part, self._batch = epoch, part, int(state["batch"])
+    self._part_plan = plan
 
 
 def eval_batches(examples: Sequence[Example], batch_size: int,
