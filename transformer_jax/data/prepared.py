@@ -101,11 +101,8 @@ class TokenArrays:
     return cls(tokens, offsets)
 
 
-class Examples(collections.abc.Sequence):
-  """(source ids, target ids) of a split, as lists, read from two TokenArrays on demand.
-
-  batching.py recognises it and batches straight from the arrays; anything else sees a sequence
-  of pairs of lists, like the examples of an in-memory corpus."""
+class _Pairs(collections.abc.Sequence):
+  """Pairs of a split, item i made from sequence i of two TokenArrays (`_item`) on demand."""
 
   def __init__(self, source: TokenArrays, target: TokenArrays):
     if len(source) != len(target):
@@ -118,7 +115,20 @@ class Examples(collections.abc.Sequence):
   def __getitem__(self, i):
     if isinstance(i, slice):
       return [self[j] for j in range(*i.indices(len(self)))]
-    return self.source[i].tolist(), self.target[i].tolist()
+    return self._item(self.source[i]), self._item(self.target[i])
+
+  def _item(self, values: np.ndarray):
+    raise NotImplementedError
+
+
+class Examples(_Pairs):
+  """(source ids, target ids) of a split, as lists.
+
+  batching.py recognises it and batches straight from the arrays; anything else sees a sequence
+  of pairs of lists, like the examples of an in-memory corpus."""
+
+  def _item(self, values: np.ndarray) -> list[int]:
+    return values.tolist()
 
   def __eq__(self, other) -> bool:
     if isinstance(other, Examples):
@@ -129,19 +139,11 @@ class Examples(collections.abc.Sequence):
     return NotImplemented
 
 
-class TextPairs(collections.abc.Sequence):
-  """(source, target) strings of a split, decoded from memory-mapped UTF-8 on demand."""
+class TextPairs(_Pairs):
+  """(source, target) strings of a split, decoded from memory-mapped UTF-8."""
 
-  def __init__(self, source: TokenArrays, target: TokenArrays):
-    self.source, self.target = source, target
-
-  def __len__(self) -> int:
-    return len(self.source)
-
-  def __getitem__(self, i):
-    if isinstance(i, slice):
-      return [self[j] for j in range(*i.indices(len(self)))]
-    return (self.source[i].tobytes().decode("utf-8"), self.target[i].tobytes().decode("utf-8"))
+  def _item(self, values: np.ndarray) -> str:
+    return values.tobytes().decode("utf-8")
 
   def __eq__(self, other) -> bool:
     return list(self) == list(other)
