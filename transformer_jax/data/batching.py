@@ -73,7 +73,8 @@ class _Packed:
     self = cls.__new__(cls)
     self.lengths = np.diff(arrays.offsets)                                 # [N]
     self.starts = np.asarray(arrays.offsets[:-1])                          # [N]
-    self.flat = arrays.tokens if len(arrays.tokens) else np.zeros(1, np.int32)
+    # A plain ndarray view of the map: numpy.memmap adds Python overhead to every gather.
+    self.flat = np.asarray(arrays.tokens) if len(arrays.tokens) else np.zeros(1, np.int32)
     return self
 
   def __init__(self, seqs: Sequence[Sequence[int]], side: str):
@@ -151,32 +152,30 @@ class _Corpus:
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])                   # [R]
     segment = (np.arange(n) - first[row_of] + 1).astype(np.int32)          # [n] 1-based
     batch = {}
-    for side, packed, lengths, bos in (("inputs", self.src, self.src_lengths, False),
-                                       ("targets", self.tgt, self.tgt_lengths, False),
-                                       ("decoder_inputs", self.tgt, self.tgt_lengths, True)):
+    for side, packed, lengths in (("inputs", self.src, self.src_lengths),
+                                  ("targets", self.tgt, self.tgt_lengths)):
       lens = lengths[pairs]                                                 # [n]
-      need = lens + 1                                                       # EOS or BOS
-      end = np.cumsum(need)                                                 # [n]
-      start = end - need                                                    # [n] in the chunk
-      col0 = start - start[first[row_of]]                                   # [n] in its row
-      pair_of = np.repeat(np.arange(n), need)                               # [T]
+      end = np.cumsum(lens + 1)                                             # [n] ids + EOS
+      start = end - lens - 1                                                # [n] in the chunk
+      pair_of = np.repeat(np.arange(n), lens + 1)                           # [T]
       pos = np.arange(int(end[-1]) if n else 0) - start[pair_of]            # [T] in its pair
-      token = pos - int(bos)                                                # [T] id index
-      in_sentence = (token >= 0) & (token < lens[pair_of])
-      flat_index = np.where(in_sentence, packed.starts[pairs][pair_of] + token, 0)
-      values = np.where(in_sentence, packed.flat[flat_index], BOS_ID if bos else EOS_ID)
-      out = np.full((num_rows, length), PAD_ID, np.int32)                   # [R, L]
-      rows, cols = row_of[pair_of], col0[pair_of] + pos
-      out[rows, cols] = values
-      batch[side] = out
-      if side != "decoder_inputs":
-        prefix = side  # inputs_* and targets_* (decoder_inputs shares the targets' layout)
-        positions = np.zeros((num_rows, length), np.int32)
-        positions[rows, cols] = pos
-        segmentation = np.zeros((num_rows, length), np.int32)
-        segmentation[rows, cols] = segment[pair_of]
-        batch[f"{prefix}_positions"] = positions
-        batch[f"{prefix}_segmentation"] = segmentation
+      is_id = pos < lens[pair_of]                                           # [T] else EOS
+      flat_index = np.where(is_id, packed.starts[pairs][pair_of] + pos, 0)
+      # One flat index into [R * L]: the pair's row, and its offset in the row plus pos.
+      cell = (row_of * length + start - start[first[row_of]])[pair_of] + pos  # [T]
+      values = np.where(is_id, np.take(packed.flat, flat_index), EOS_ID)
+      for key, fill in ((side, values), (f"{side}_positions", pos),
+                        (f"{side}_segmentation", segment[pair_of])):
+        out = np.zeros(num_rows * length, np.int32)                         # [R * L]
+        out[cell] = fill
+        batch[key] = out.reshape(num_rows, length)                          # [R, L]
+    # Decoder inputs: the targets shifted right within each pair, BOS first (§3.1).
+    targets = batch["targets"]
+    decoder_inputs = np.zeros_like(targets)                                 # [R, L]
+    decoder_inputs[:, 1:] = targets[:, :-1]
+    decoder_inputs[batch["targets_positions"] == 0] = BOS_ID
+    decoder_inputs[batch["targets_segmentation"] == 0] = PAD_ID
+    batch["decoder_inputs"] = decoder_inputs
     return batch
 
   def batch(self, index: np.ndarray, length: int) -> Batch:
