@@ -228,3 +228,30 @@ def test_prepare_data_command_prepares_then_reuses_and_reports_errors_in_one_lin
   bad = run("--config.data.vocab_size=99999")
   assert bad.returncode == 1
   assert bad.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+@pytest.mark.subprocess
+def test_pipeline_benchmark_prepares_then_reuses(tmp_path):
+  import json
+
+  small_corpus(tmp_path, num_pairs=2000)
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  command = [sys.executable, os.path.join(repo, "benchmarks", "pipeline.py"),
+             "--config", os.path.join(repo, "configs/quickstart.py:smoke"),
+             "--config.data.source=text", f"--config.data.path={tmp_path}",
+             "--config.data.vocab_size=120", f"--config.data.cache_dir={tmp_path / 'cache'}",
+             "--config.data.packing=True", "--seconds=0.5", "--batch_multiple=1"]
+  env = {**os.environ, "PYTHONPATH": repo, "JAX_PLATFORMS": "cpu"}
+  records = []
+  for _ in range(2):
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+  first, second = records
+  for record in records:
+    assert record["train_pairs"] == 2000 and record["batches_per_s"] > 0
+    assert 0 < record["first_batch_seconds"] < 300 and record["peak_rss_bytes"] > 10**7
+    assert record["padding_efficiency"] > 0.9 and record["tokens_per_s"] > 0
+    assert record["cache_bytes"] > 2000 * 4
+  assert first["prepare_seconds"] > 0 and second["prepare_seconds"] == 0
