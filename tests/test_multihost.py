@@ -386,6 +386,28 @@ def test_elastic_resume_two_processes_to_one_and_one_to_two(tmp_path):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.subprocess
+def test_process_0_prepares_the_corpus_and_the_other_process_opens_it(tmp_path):
+  from test_pipeline import small_corpus
+  from testing import tiny_overrides
+
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  small_corpus(corpus)
+  flags = [f"--config.{key}={value}" for key, value in tiny_overrides().items()]
+  flags += ["--config.data.source=text", f"--config.data.path={corpus}",
+            "--config.data.vocab_size=120", "--config.train.num_steps=2"]
+  workdir = tmp_path / "runs" / "run"
+  workdir.parent.mkdir(parents=True)
+  with two_train_py_processes(workdir, *flags) as procs:
+    logs = wait_for_logs(procs)
+  assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
+  assert "tokenized 400 pairs of train" in logs[0]
+  assert "tokenized" not in logs[1] and "reused" in logs[1]  # waited, then opened the same one
+  prepared = [p for p in (tmp_path / "runs" / "prepared").iterdir() if not p.name.startswith(".")]
+  assert len(prepared) == 1 and (workdir / "vocab.model").exists()
+
+
 def test_distributed_config_is_validated_and_off_by_default():
   import pytest
 
