@@ -9,7 +9,9 @@ later calls reuse it, as every training start, resume and host does:
 
 Fields: train_pairs; prepare_seconds (0 when the cache was reused); open_seconds;
 first_batch_seconds (from process start to the first batch in hand, imports included);
-peak_rss_bytes (of this process: the data path's peak, preparation included when it ran);
+peak_rss_bytes (of this process: the data path's peak, preparation included when it ran; it
+counts the pages of the memory-mapped corpus that batches touched), and the resident memory at
+the end split into rss_anon_bytes and rss_file_bytes (those mapped pages);
 cache_bytes (the prepared training split on disk); then batches_per_s, tokens_per_s (non-PAD
 source + target tokens) and padding_efficiency of the training iterator over --seconds.
 
@@ -60,6 +62,20 @@ def process_start() -> float:
 
 def peak_rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def rss_now() -> dict:
+  """Resident memory now, split as /proc reports it: anonymous (the process's own) and file
+  pages (here mostly the memory-mapped corpus: page cache, shared and reclaimable)."""
+  out = {}
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith(("RssAnon:", "RssFile:")):
+          out[line.split(":")[0]] = int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return {"rss_anon_bytes": out.get("RssAnon"), "rss_file_bytes": out.get("RssFile")}
 
 
 def dir_bytes(path: str) -> int:
@@ -196,6 +212,7 @@ def main(argv):
       "iterator_init_seconds": round(iterator_seconds, 3),
       "first_batch_seconds": round(first_batch_seconds, 3),
       "peak_rss_bytes": peak_rss_bytes(),
+      **rss_now(),
       "cache_bytes": dir_bytes(split_dir) if split_dir else 0,
       **figures,
       "epochs": round(figures["batches"] / train_iter.batches_per_epoch, 3),
