@@ -30,8 +30,8 @@ import time
 
 _START = time.time()  # replaced by the process's own start time when psutil can tell it
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import flags
+from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 

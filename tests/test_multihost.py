@@ -336,8 +336,8 @@ def test_elastic_resume_two_processes_to_one_and_one_to_two(tmp_path):
   1 process resumes as 2 processes: both end at the parameters of an uninterrupted run, because
   the checkpoint's data state fixes the global batches (BatchIterator.set_state keeps its rows)."""
   import jax
-
   from testing import tiny_overrides
+
   from transformer_jax import checkpoint, train
   from transformer_jax import config as config_lib
   from transformer_jax.data import pipeline

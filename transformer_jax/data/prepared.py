@@ -421,7 +421,7 @@ class _ArrayWriter:
 
   def __init__(self, path: str, dtype):
     self.path, self.dtype = path, np.dtype(dtype)
-    self.file = open(f"{path}.npy", "wb")
+    self.file = open(f"{path}.npy", "wb")  # noqa: SIM115 -- open across append() calls; close()
     self.file.write(b"\0" * self._HEADER)
     self.lengths: list[np.ndarray] = []
     self.total = 0
