@@ -68,6 +68,7 @@ def get_config(arg: str | None = None):
   # §6.2: development set (newstest2013) for both numbers, no checkpoint averaging; the test
   # split is set to it, so the final evaluation decodes newstest2013.
   config.data.test_split = config.data.eval_split
+  # Rows run side by side (sweep.py) share one prepared corpus: prepared/ beside their workdirs.
   config.train.average_last = 0
   config.train.keep_checkpoints = 5
   config.eval.beam_size = 4

@@ -229,3 +229,132 @@ def test_an_epoch_of_30k_pairs_is_fast():
   for _ in range(it.batches_per_epoch):
     next(it)
   assert time.perf_counter() - start < 1.0
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def unpack(batch):
+  """{(row, segment): (source ids, decoder inputs, target ids, source positions, target positions)}
+  read back from a packed batch, checking on the way that each segment is one contiguous run."""
+  out = {}
+  for r in range(batch["inputs"].shape[0]):
+    for side in ("inputs", "targets"):
+      seg = batch[f"{side}_segmentation"][r]
+      nonzero = seg[seg > 0]
+      assert (np.diff(nonzero) >= 0).all() and (seg[len(nonzero):] == 0).all()  # runs, in order
+      assert ((batch[side][r] == PAD_ID) == (seg == 0)).all()
+    for s in np.unique(batch["inputs_segmentation"][r]):
+      if s == 0:
+        continue
+      src = batch["inputs_segmentation"][r] == s
+      tgt = batch["targets_segmentation"][r] == s
+      out[(r, int(s))] = (batch["inputs"][r][src], batch["decoder_inputs"][r][tgt],
+                          batch["targets"][r][tgt], batch["inputs_positions"][r][src],
+                          batch["targets_positions"][r][tgt])
+  return out
+
+
+def test_packed_rows_hold_whole_pairs_with_restarting_positions(examples):
+  it = make_iterator(examples, packing=True, tokens_per_batch=128)
+  assert it.rows_per_bucket == {32: 4}
+  by_source = collections.defaultdict(list)  # several pairs have an empty source
+  for s, t in examples:
+    by_source[tuple(s)].append(t[:31])
+  num_segments = 0
+  for _ in range(it.batches_per_epoch):
+    batch = next(it)
+    assert batch["inputs"].shape == batch["inputs_positions"].shape == (4, 32)
+    segments = unpack(batch)
+    num_segments += len(segments)
+    for src, dec, tgt, src_pos, tgt_pos in segments.values():
+      assert src[-1] == EOS_ID and tgt[-1] == EOS_ID and dec[0] == BOS_ID
+      np.testing.assert_array_equal(dec[1:], tgt[:-1])  # shifted right within the pair (§3.1)
+      np.testing.assert_array_equal(src_pos, np.arange(len(src)))
+      np.testing.assert_array_equal(tgt_pos, np.arange(len(tgt)))
+      assert list(tgt[:-1]) in by_source[tuple(src[:-1])]  # a whole pair, truncated at 31
+  assert num_segments > 1.5 * 4 * it.batches_per_epoch  # several pairs a row
+
+
+def test_packing_places_every_pair_once_per_epoch(examples):
+  want = collections.Counter(tuple(s) for s, _ in examples)
+  it = make_iterator(examples, packing=True, tokens_per_batch=128, drop_remainder=False)
+  for _ in range(2):  # two epochs, packed differently
+    seen = collections.Counter()
+    for _ in range(it.batches_per_epoch):
+      for src, *_ in unpack(next(it)).values():
+        seen[tuple(src[:-1].tolist())] += 1
+    assert seen == want
+  dropped = make_iterator(examples, packing=True, tokens_per_batch=128)
+  kept = sum(len(unpack(next(dropped))) for _ in range(dropped.batches_per_epoch))
+  assert 0 <= len(examples) - kept < 4 * 32  # less than one batch of rows dropped
+
+
+def test_packing_has_little_padding_resumes_exactly_and_slices_by_process():
+  examples = random_examples(1000, max_len=10)  # several pairs fit a row of 32
+  it = make_iterator(examples, packing=True, tokens_per_batch=256, batch_multiple=4)
+  real = np.mean([padding_efficiency(next(it)) for _ in range(it.batches_per_epoch)])
+  buckets = make_iterator(examples, tokens_per_batch=256, batch_multiple=4)
+  bucketed = np.mean([padding_efficiency(next(buckets)) for _ in range(buckets.batches_per_epoch)])
+  assert real > 0.9 > bucketed
+  for _ in range(3):
+    next(it)
+  restored = make_iterator(examples, packing=True, tokens_per_batch=256, batch_multiple=4)
+  restored.set_state(json.loads(json.dumps(it.get_state())))
+  parts = [make_iterator(examples, packing=True, tokens_per_batch=256, batch_multiple=4,
+                         process_index=i, process_count=2) for i in range(2)]
+  for p in parts:
+    p.set_state(it.get_state())
+  for _ in range(2 * it.batches_per_epoch):
+    a, b, slices = next(it), next(restored), [next(p) for p in parts]
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+      np.testing.assert_array_equal(np.concatenate([s[key] for s in slices]), a[key])
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_resume_on_another_device_count_draws_the_same_global_batches(examples, packing):
+  # 4 devices round rows down to a multiple of 4; one device alone would not round at all.
+  kwargs = {"tokens_per_batch": 500, "packing": packing}
+  saved = make_iterator(examples, batch_multiple=4, **kwargs)
+  for _ in range(saved.batches_per_epoch + 2):
+    next(saved)
+  state = json.loads(json.dumps(saved.get_state()))
+  alone = make_iterator(examples, batch_multiple=1, **kwargs)
+  assert alone.rows_per_bucket != saved.rows_per_bucket  # the rounding differs
+  two_processes = [make_iterator(examples, batch_multiple=2, process_index=i, process_count=2,
+                                 **kwargs) for i in range(2)]
+  for it in (alone, *two_processes):
+    it.set_state(state)
+    assert it.rows_per_bucket == saved.rows_per_bucket
+  for _ in range(saved.batches_per_epoch + 5):
+    want, got = next(saved), next(alone)
+    halves = [next(p) for p in two_processes]
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key])
+      np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), want[key])
+  with pytest.raises(ValueError, match=r"multiple of batch_multiple=8"):
+    make_iterator(examples, batch_multiple=8, **kwargs).set_state(state)
+
+
+def test_packing_in_parts_covers_every_pair_and_resumes_inside_a_part(examples, monkeypatch):
+  from transformer_jax.data import batching
+
+  monkeypatch.setattr(batching, "_PACK_PART", 150)  # 7 parts, the last one partial
+  want = collections.Counter(tuple(s) for s, _ in examples)
+  it = make_iterator(examples, packing=True, tokens_per_batch=128, drop_remainder=False)
+  seen = collections.Counter()
+  for _ in range(it.batches_per_epoch):
+    for src, *_ in unpack(next(it)).values():
+      seen[tuple(src[:-1].tolist())] += 1
+  assert seen == want and it.get_state()["epoch"] == 0 and it.get_state()["part"] == 6
+  for _ in range(it.batches_per_epoch // 2):  # into the next epoch's fourth part or so
+    next(it)
+  state = json.loads(json.dumps(it.get_state()))
+  assert state["epoch"] == 1 and 0 < state["part"] < 6
+  restored = make_iterator(examples, packing=True, tokens_per_batch=128, drop_remainder=False)
+  restored.set_state(state)
+  for _ in range(it.batches_per_epoch):
+    a, b = next(it), next(restored)
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])

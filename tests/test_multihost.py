@@ -308,6 +308,109 @@ def test_two_processes_set_aside_an_unreadable_checkpoint_together_and_resume(tm
   assert {2, 4, 6} <= saved_steps()  # step 4 saved again, from the redone steps
 
 
+def train_py(workdir, num_devices, *args):
+  """train.py as one process with `num_devices` CPU devices; returns its log."""
+  env = {
+      **os.environ,
+      "JAX_PLATFORMS": "cpu",
+      "XLA_FLAGS": f"--xla_force_host_platform_device_count={num_devices} "
+      "--xla_backend_optimization_level=0",
+  }
+  workdir.parent.mkdir(parents=True, exist_ok=True)
+  session = len(list(workdir.parent.glob("single.*.log")))
+  proc = popen_logged(
+      [sys.executable, "train.py", "--config", "configs/quickstart.py:smoke",
+       "--workdir", str(workdir), *args],
+      workdir.parent / f"single.{session}.log", cwd=REPO, env=env,
+  )  # fmt: skip
+  try:
+    (log,) = wait_for_logs([proc])
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == 0, log[-3000:]
+  return log
+
+
+@pytest.mark.subprocess
+def test_elastic_resume_two_processes_to_one_and_one_to_two(tmp_path):
+  """A run checkpointed by 2 processes (4 devices) resumes as 1 process with 1 device, and one by
+  1 process resumes as 2 processes: both end at the parameters of an uninterrupted run, because
+  the checkpoint's data state fixes the global batches (BatchIterator.set_state keeps its rows)."""
+  import jax
+  from testing import tiny_overrides
+
+  from transformer_jax import checkpoint, train
+  from transformer_jax import config as config_lib
+  from transformer_jax.data import pipeline
+
+  flags = [f"--config.{key}={value}" for key, value in tiny_overrides().items()]
+  flags += ["--config.train.checkpoint_every=2", "--config.train.keep_checkpoints=5"]
+
+  def two_processes(workdir, num_steps):
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+    with two_train_py_processes(workdir, *flags, f"--config.train.num_steps={num_steps}") as procs:
+      logs = wait_for_logs(procs)
+    assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
+
+  reference = tmp_path / "reference" / "run"
+  train_py(reference, 4, *flags, "--config.train.num_steps=4")
+  two_to_one = tmp_path / "two_to_one" / "run"
+  two_processes(two_to_one, 2)
+  log = train_py(two_to_one, 1, *flags, "--config.train.num_steps=4")
+  assert "keeping the checkpoint's global rows" in log  # 1 device alone would round otherwise
+  one_to_two = tmp_path / "one_to_two" / "run"
+  train_py(one_to_two, 4, *flags, "--config.train.num_steps=2")
+  two_processes(one_to_two, 4)
+
+  config = tiny_config()
+  config.mesh = {"data": 1, "fsdp": 1, "tensor": 1}
+  vocab_size = pipeline.load_dataset(config).tokenizer.vocab_size
+  trainer = train.Trainer(
+      config, config_lib.model_config(config, vocab_size), devices=jax.devices()[:1]
+  )
+
+  def final(workdir):
+    manager = checkpoint.make_manager(str(workdir), keep=5, save_every=1)
+    state, data_state = checkpoint.restore(manager, trainer.abstract_state())
+    manager.close()
+    assert int(state.step) == 4
+    return jax.tree.leaves(state.params), {k: data_state[k] for k in ("epoch", "batch", "rows")}
+
+  for workdir in (two_to_one, one_to_two):  # two sessions each, the second from step 2
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "start"] == [0, 2]
+  want, want_data = final(reference)
+  for workdir in (two_to_one, one_to_two):
+    got, got_data = final(workdir)
+    assert got_data == want_data
+    for a, b in zip(got, want):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.subprocess
+def test_process_0_prepares_the_corpus_and_the_other_process_opens_it(tmp_path):
+  from test_pipeline import small_corpus
+  from testing import tiny_overrides
+
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  small_corpus(corpus)
+  flags = [f"--config.{key}={value}" for key, value in tiny_overrides().items()]
+  flags += ["--config.data.source=text", f"--config.data.path={corpus}",
+            "--config.data.vocab_size=120", "--config.train.num_steps=2"]
+  workdir = tmp_path / "runs" / "run"
+  workdir.parent.mkdir(parents=True)
+  with two_train_py_processes(workdir, *flags) as procs:
+    logs = wait_for_logs(procs)
+  assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
+  assert "tokenized 400 pairs of train" in logs[0]
+  assert "tokenized" not in logs[1] and "reused" in logs[1]  # waited, then opened the same one
+  prepared = [p for p in (tmp_path / "runs" / "prepared").iterdir() if not p.name.startswith(".")]
+  assert len(prepared) == 1 and (workdir / "vocab.model").exists()
+
+
 def test_distributed_config_is_validated_and_off_by_default():
   import pytest
 

@@ -8,7 +8,7 @@ import pytest
 
 from configs import multi30k, quickstart
 from transformer_jax import config as config_lib
-from transformer_jax.data import batching, pipeline
+from transformer_jax.data import batching, pipeline, prepared
 from transformer_jax.data.tokenizer import SentencePieceTokenizer, WordTokenizer
 
 
@@ -78,14 +78,16 @@ def test_without_workdir_nothing_is_written(tmp_path):
   assert sorted(os.listdir(tmp_path)) == before
 
 
-def test_spm_training_sample_is_bounded_seeded_and_takes_both_sides():
-  pairs = [(f"s{i}", f"t{i}") for i in range(1000)]
-  sample = pipeline.spm_training_sample(pairs, 100)
+def test_spm_training_sample_is_bounded_seeded_and_takes_both_sides(tmp_path):
+  for lang, prefix in (("en", "s"), ("de", "t")):
+    (tmp_path / f"train.{lang}").write_text("".join(f"{prefix}{i}\n" for i in range(1000)))
+  source = prepared.text_split(str(tmp_path), "train", "en", "de")
+  sample = prepared.sample_sentences(source, 100)
   assert len(sample) == 100
-  assert sample == pipeline.spm_training_sample(pairs, 100)
+  assert sample == prepared.sample_sentences(source, 100)
   assert {s[1:] for s in sample[0::2]} == {t[1:] for t in sample[1::2]}  # whole pairs
   assert sample[:2] != ["s0", "t0"] or sample[2:4] != ["s1", "t1"]  # random, not the head
-  assert len(pipeline.spm_training_sample(pairs, 10**6)) == 2000
+  assert len(prepared.sample_sentences(source, 10**6)) == 2000
 
 
 def test_synthetic_word_vocabulary_is_stored_and_checked(tmp_path):

@@ -48,6 +48,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.source = "synthetic"  # synthetic | text | tfds
   c.data.path = ""  # text: directory with {split}.{lang} files
+  # Prepared (tokenized, memory-mapped) corpora, data/prepared.py. "": `prepared/` beside the
+  # workdir (shared storage on a cluster; sibling runs share it), or ~/.cache/transformer_jax/
+  # prepared without a workdir.
+  c.data.cache_dir = ""
   c.data.tfds_name = "wmt14_translate/de-en"
   c.data.tfds_data_dir = ""
   c.data.source_lang = "en"
@@ -60,6 +64,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.data.tokens_per_batch = 4096  # per update, summed over devices (§5.1: ~25k per side)
   c.data.bucket_step = 8  # bucket lengths are multiples of this (few jit shapes)
   c.data.num_buckets = 8  # padded lengths (jit shapes); more buckets = less padding
+  # Pack several pairs into each row of max_len (segment ids and positions keep them apart)
+  # instead of bucketing by length: one jit shape and almost no padding (batching.py).
+  c.data.packing = False
   c.data.spm_max_sentences = 1_000_000  # SentencePiece trains on a random sample this big
   c.data.synthetic_seed = 0
   c.data.synthetic_train_size = 50_000
@@ -191,6 +198,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "data.max_len",
       f"exceeds model.max_len={config.model.max_len}, the positional table's length",
   )
+  check(not os.path.isfile(d.cache_dir), "data.cache_dir",
+        "is a file; it should be a directory for prepared corpora (or '' for the default)")
   check(d.bucket_step >= 1, "data.bucket_step", "must be >= 1")
   check(d.num_buckets >= 1, "data.num_buckets", "must be >= 1")
   check(d.spm_max_sentences >= 1, "data.spm_max_sentences", "must be >= 1")

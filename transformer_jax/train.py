@@ -490,6 +490,7 @@ def run(
       ),
       process_index=jax.process_index(),
       process_count=jax.process_count(),
+      packing=config.data.get("packing", False),  # configs saved before the key existed
   )
   logging.info(
       "model: %s; %d train pairs (%d truncated); rows per bucket %s; mesh %s",

@@ -1,4 +1,4 @@
-"""Input pipeline: tokenizers, the synthetic task, and batching."""
+"""Input pipeline: tokenizers, sources, prepared (memory-mapped) corpora, batching and packing."""
 
 from transformer_jax.data.batching import (
     BatchIterator,

@@ -5,15 +5,21 @@ sentence pairs (for BLEU references) and their token ids (for batching). The tra
 evaluation code and the benchmarks all go through here.
 
 Sources (`config.data.source`):
-  synthetic  the generated task of data/synthetic.py, with its fixed word vocabulary
+  synthetic  the generated task of data/synthetic.py, with its fixed word vocabulary, in memory
   text       a directory of line-aligned `{split}.{lang}` files (data/text.py)
   tfds       a TFDS translation dataset such as 'wmt14_translate/de-en' (data/tfds_source.py)
 
-The vocabulary belongs to the workdir: the first run stores it there (`vocab.txt` for the word
+Real corpora (text, tfds) are prepared once into `config.data.cache_dir` (data/prepared.py): one
+joint SentencePiece model (§3.4, §5.1: source and target share one vocabulary) trained on a random
+sample of at most `config.data.spm_max_sentences` training sentences of both sides, and each split
+tokenized into flat int32 arrays that every later load memory-maps. With several processes,
+process 0 prepares and the others wait for it, then open the same directory (shared storage), or
+prepare their own copy with the same vocabulary (a host-local cache_dir).
+
+The vocabulary also belongs to the workdir: the first run stores it there (`vocab.txt` for the word
 vocabulary, `vocab.model` for SentencePiece) and every later load -- a resumed run, translation,
-evaluation -- reuses that file, so token ids never change under a checkpoint. For real corpora
-one joint SentencePiece model (§3.4, §5.1: source and target share one vocabulary) is trained on
-a random sample of at most `config.data.spm_max_sentences` training sentences of both sides.
+evaluation -- uses that file, so token ids never change under a checkpoint: a prepared corpus made
+with another vocabulary is never used for that workdir (it gets one prepared with its own).
 """
 
 from __future__ import annotations
@@ -21,41 +27,45 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 
 import ml_collections
-import numpy as np
 
-from transformer_jax.data import batching, synthetic, text, tfds_source
+from transformer_jax import errors
+from transformer_jax.data import batching, prepared, synthetic, tfds_source
 from transformer_jax.data.tokenizer import (
     SentencePieceTokenizer,
     Tokenizer,
     WordTokenizer,
-    train_sentencepiece,
 )
 
 Pair = tuple[str, str]
 
 WORD_VOCAB = "vocab.txt"  # WordTokenizer.save: one token per line
 SPM_VOCAB = "vocab.model"  # a SentencePiece model proto
-SPM_MODEL_TYPE = "bpe"  # the paper's byte-pair encoding (§5.1)
-# Fixed, not config.seed: runs that differ only in seed should share a vocabulary.
-_SPM_SAMPLE_SEED = 0
+SPLIT_KEYS = ("train", "eval", "test")
+# Where prepared corpora go when config.data.cache_dir is unset and there is no workdir.
+USER_CACHE_DIR = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "transformer_jax", "prepared"
+)
 
 
 @dataclasses.dataclass
 class Split:
-  pairs: list[Pair]  # raw (source, target) sentences
-  examples: list[batching.Example]  # token ids, no EOS/BOS
+  pairs: Sequence[Pair]  # raw (source, target) sentences
+  examples: Sequence[batching.Example]  # token ids, no EOS/BOS (prepared.Examples: memory-mapped)
 
 
 @dataclasses.dataclass
 class Dataset:
   tokenizer: Tokenizer
-  splits: dict[str, Split]  # keys: "train", "eval", "test"
-  # One-time costs of load_dataset: {"read_and_vocabulary": s, "tokenize": s}.
+  splits: dict[str, Split]  # keys: "train", "eval", "test" (or those asked for)
+  # One-time costs of load_dataset: {"prepare": s (0 when the cache was there), "open": s}.
   seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+  cache_dir: str | None = None  # the prepared corpus's directory (None: synthetic)
 
   def bucket_lengths(self, data_config: ml_collections.ConfigDict) -> tuple[int, ...]:
     return batching.make_bucket_lengths(
@@ -78,11 +88,22 @@ def eval_bucket_lengths(data_config: ml_collections.ConfigDict) -> tuple[int, ..
   )
 
 
-def load_dataset(config: ml_collections.ConfigDict, workdir: str | None = None) -> Dataset:
-  """Reads the configured source, gets the workdir's vocabulary (or makes it) and tokenizes.
+def default_cache_dir(workdir: str | None) -> str:
+  """`prepared/` beside the workdir: on a cluster the workdir is on shared storage, so every host
+  finds the cache there, and runs kept side by side (a Table 3 sweep's rows) share it. Without a
+  workdir, the user's cache directory."""
+  if workdir is None:
+    return USER_CACHE_DIR
+  return os.path.join(os.path.dirname(os.path.abspath(workdir)), "prepared")
 
-  `workdir=None` (benchmarks, notebooks) keeps nothing: a SentencePiece model is trained in a
-  temporary directory and only lives in memory.
+
+def load_dataset(config: ml_collections.ConfigDict, workdir: str | None = None,
+                 splits: Sequence[str] = SPLIT_KEYS) -> Dataset:
+  """Gets the workdir's vocabulary (or makes it) and the tokenized `splits` of the source.
+
+  Real corpora are prepared into config.data.cache_dir (default: `default_cache_dir(workdir)`)
+  unless already there. `workdir=None` with no cache_dir (notebooks, tests) keeps nothing: the
+  corpus is prepared in a temporary directory, memory-mapped, and the directory removed.
   """
   d = config.data
   start = time.perf_counter()
@@ -95,52 +116,139 @@ def load_dataset(config: ml_collections.ConfigDict, workdir: str | None = None) 
         num_valid=d.synthetic_eval_size,
         num_test=d.synthetic_eval_size,
     )
-    pairs = {"train": task.pairs("train"), "eval": task.pairs("valid"), "test": task.pairs("test")}
+    names = {"train": "train", "eval": "valid", "test": "test"}
     tokenizer = word_tokenizer(task.tokenizer(), workdir)
+    out = {}
+    for key in splits:
+      pairs = task.pairs(names[key])
+      out[key] = Split(pairs, [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in pairs])
+    dataset = Dataset(tokenizer, out, {"prepare": 0.0, "open": time.perf_counter() - start})
   elif d.source in ("text", "tfds"):
-    pairs = read_pairs(config)
-    if not pairs["train"]:
-      raise ValueError(f"config.data: the {d.source} source gave no training pairs")
-    tokenizer = sentencepiece_tokenizer(
-        pairs["train"], workdir, vocab_size=d.vocab_size, max_sentences=d.spm_max_sentences
-    )
+    cache_dir = d.get("cache_dir", "")
+    if cache_dir or workdir is not None:
+      dataset = _load_prepared(config, workdir, cache_dir or default_cache_dir(workdir), splits)
+    else:
+      with tempfile.TemporaryDirectory() as tmp:  # memory maps outlive the unlinked files
+        dataset = _load_prepared(config, None, tmp, splits)
   else:
-    raise ValueError(
+    raise errors.UserError(
         f"config.data.source={d.source!r}: expected 'synthetic', 'text' or 'tfds'"
     )
-  read_seconds = time.perf_counter() - start
-  splits = {name: Split(p, _tokenize(tokenizer, p)) for name, p in pairs.items()}
-  seconds = {
-      "read_and_vocabulary": read_seconds,
-      "tokenize": time.perf_counter() - start - read_seconds,
-  }
-  for name, split in splits.items():
-    logging.info("data: %s split has %d pairs", name, len(split.pairs))
-  if not splits["train"].pairs:
-    raise ValueError(f"config.data: the {d.source} source gave no training pairs")
-  logging.info(
-      "data: read + vocabulary %.1fs, tokenize %.1fs (vocabulary of %d)",
-      seconds["read_and_vocabulary"],
-      seconds["tokenize"],
-      tokenizer.vocab_size,
-  )
-  return Dataset(tokenizer=tokenizer, splits=splits, seconds=seconds)
+  if "train" in dataset.splits and not len(dataset.splits["train"].examples):
+    raise errors.UserError(f"config.data: the {d.source} source gave no training pairs")
+  for name, split in dataset.splits.items():
+    logging.info("data: %s split has %d pairs", name, len(split.examples))
+  return dataset
 
 
-def read_pairs(config: ml_collections.ConfigDict) -> dict[str, list[Pair]]:
-  """Raw (source, target) pairs of the 'train', 'eval' and 'test' splits of a real corpus."""
+def split_sources(config: ml_collections.ConfigDict,
+                  splits: Sequence[str] = SPLIT_KEYS) -> dict[str, prepared.SplitSource]:
+  """Where each of `splits` (and "train", which the vocabulary comes from) of a real corpus comes
+  from (the TFDS dataset is downloaded and prepared if needed)."""
   d = config.data
-  split_names = {"train": d.train_split, "eval": d.eval_split, "test": d.test_split}
+  names = {"train": d.train_split, "eval": d.eval_split, "test": d.test_split}
+  names = {key: split for key, split in names.items() if key == "train" or key in splits}
   if d.source == "text":
     return {
-        key: text.load_split(d.path, split, d.source_lang, d.target_lang)
-        for key, split in split_names.items()
+        key: prepared.text_split(d.path, split, d.source_lang, d.target_lang)
+        for key, split in names.items()
     }
   if d.source == "tfds":
-    return tfds_source.load_splits(
-        d.tfds_name, split_names, d.source_lang, d.target_lang, data_dir=d.tfds_data_dir or None
+    builder = tfds_source.prepared_builder(d.tfds_name, d.tfds_data_dir or None)
+    tfds_source.check_builder(builder, names, d.source_lang, d.target_lang)
+    return {
+        key: prepared.tfds_split(builder, split, d.source_lang, d.target_lang)
+        for key, split in names.items()
+    }
+  raise errors.UserError(
+      f"config.data.source={d.source!r} is not a corpus of files: 'text' or 'tfds'"
+  )
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | None, cache_dir: str,
+            splits: Sequence[str] = SPLIT_KEYS, sources=None) -> tuple[str, bool]:
+  """Prepares what is missing (vocabulary, splits) into cache_dir from this process. Returns the
+  vocabulary's directory and whether anything was missing. The workdir, if given, gets the
+  vocabulary."""
+  if workdir is not None:
+    _check_workdir_vocab_size(workdir, config.data.vocab_size)
+  sources = sources or split_sources(config, splits)
+  spec = _vocab_spec(config, workdir, cache_dir, sources["train"])
+  vocab_directory = prepared.vocab_dir(cache_dir, _corpus_name(config), spec, sources["train"])
+  missing = not prepared.is_complete(vocab_directory) or not all(
+      prepared.is_complete(prepared.split_dir(vocab_directory, k, sources[k])) for k in splits
+  )
+  if missing:
+    prepared.prepare_vocab(cache_dir, _corpus_name(config), spec, sources["train"])
+    for key in splits:
+      prepared.prepare_split(vocab_directory, key, sources[key])
+  if workdir is not None and not os.path.exists(os.path.join(workdir, SPM_VOCAB)):
+    model = os.path.join(vocab_directory, prepared.VOCAB_FILE)
+    atomic_write(os.path.join(workdir, SPM_VOCAB), lambda tmp: shutil.copyfile(model, tmp))
+  return vocab_directory, missing
+
+
+def _load_prepared(config, workdir, cache_dir, splits) -> Dataset:
+  d = config.data
+  start = time.perf_counter()
+  sources = split_sources(config, splits)
+  if _is_chief():
+    vocab_directory, missing = prepare(config, workdir, cache_dir, splits, sources)
+  _wait_for_chief("transformer_jax: corpus prepared")
+  if not _is_chief():  # the chief's cache may be on another host's disk: then prepare a copy
+    vocab_directory, missing = prepare(config, workdir, cache_dir, splits, sources)
+  prepare_seconds = time.perf_counter() - start if missing else 0.0
+  opened = time.perf_counter()
+  model = os.path.join(vocab_directory, prepared.VOCAB_FILE)
+  tokenizer = SentencePieceTokenizer(model)
+  if tokenizer.vocab_size != d.vocab_size:
+    raise errors.UserError(
+        f"{model} has {tokenizer.vocab_size} pieces but config.data.vocab_size={d.vocab_size}."
     )
-  raise ValueError(f"config.data.source={d.source!r} is not a corpus of files: 'text' or 'tfds'")
+  out = {}
+  for key in splits:
+    directory = prepared.split_dir(vocab_directory, key, sources[key])
+    split = prepared.open_split(directory, sources[key], vocab_directory)
+    out[key] = Split(split.pairs, split.examples)
+  logging.info("data: %s %s (%.1fs), opened in %.1fs",
+               "prepared" if missing else "reused", vocab_directory, prepare_seconds,
+               time.perf_counter() - opened)
+  seconds = {"prepare": prepare_seconds, "open": time.perf_counter() - opened}
+  return Dataset(tokenizer, out, seconds, cache_dir=vocab_directory)
+
+
+def _corpus_name(config) -> str:
+  d = config.data
+  return d.tfds_name if d.source == "tfds" else os.path.basename(os.path.normpath(d.path))
+
+
+def _vocab_spec(config, workdir, cache_dir, train) -> prepared.VocabSpec:
+  """The cache's trained vocabulary, unless the workdir holds another one: then that one."""
+  d = config.data
+  trained = prepared.VocabSpec(d.vocab_size, d.spm_max_sentences)
+  given = os.path.join(workdir, SPM_VOCAB) if workdir is not None else None
+  if given is None or not os.path.exists(given):
+    return trained
+  directory = prepared.vocab_dir(cache_dir, _corpus_name(config), trained, train)
+  if prepared.is_complete(directory) and (
+      prepared.vocab_sha256(directory) == prepared.sha256_file(given)
+  ):
+    return trained
+  logging.info("data: %s is not the cache's trained vocabulary; preparing with it", given)
+  return prepared.VocabSpec(d.vocab_size, d.spm_max_sentences, given=given)
+
+
+def _check_workdir_vocab_size(workdir: str, vocab_size: int) -> None:
+  path = os.path.join(workdir, SPM_VOCAB)
+  if not os.path.exists(path):
+    return
+  tokenizer = SentencePieceTokenizer(path)
+  if tokenizer.vocab_size != vocab_size:
+    raise errors.UserError(
+        f"{path} has {tokenizer.vocab_size} pieces but config.data.vocab_size={vocab_size}: the "
+        "workdir's vocabulary is fixed by its first run. Set "
+        f"--config.data.vocab_size={tokenizer.vocab_size}, or use a new --workdir."
+    )
 
 
 # ----------------------------------------------------------------------------- vocabulary
@@ -182,74 +290,6 @@ def word_tokenizer(tokenizer: WordTokenizer, workdir: str | None) -> WordTokeniz
   if _is_chief():
     atomic_write(path, tokenizer.save)
   return tokenizer
-
-
-def sentencepiece_tokenizer(
-    train_pairs: list[Pair], workdir: str | None, *, vocab_size: int, max_sentences: int
-) -> SentencePieceTokenizer:
-  """The workdir's SentencePiece model if there is one; else one trained on `train_pairs`.
-
-  With several processes, process 0 trains and writes, the others wait for it and load the
-  file: every host must tokenize with the same model, and the workdir is shared storage anyway
-  (checkpoints need it).
-  """
-  if workdir is None:
-    with tempfile.TemporaryDirectory() as tmp:
-      return _train(train_pairs, os.path.join(tmp, "vocab"), vocab_size, max_sentences)
-  path = os.path.join(workdir, SPM_VOCAB)
-  if not os.path.exists(path) and _is_chief():
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:  # same filesystem: atomic rename
-      _train(train_pairs, os.path.join(tmp, "vocab"), vocab_size, max_sentences)
-      os.replace(os.path.join(tmp, "vocab.model"), path)
-  _wait_for_chief("transformer_jax: vocabulary written")
-  tokenizer = SentencePieceTokenizer(path)
-  logging.info("data: SentencePiece vocabulary %s", path)
-  if tokenizer.vocab_size != vocab_size:
-    raise ValueError(
-        f"{path} has {tokenizer.vocab_size} pieces but config.data.vocab_size={vocab_size}: the "
-        "workdir's vocabulary is fixed by its first run. Set "
-        f"--config.data.vocab_size={tokenizer.vocab_size}, or use a new --workdir."
-    )
-  return tokenizer
-
-
-def spm_training_sample(pairs: list[Pair], max_sentences: int) -> list[str]:
-  """Both sides of a seeded random sample of pairs: at most `max_sentences` sentences.
-
-  Random rather than the first pairs, because corpora like WMT are concatenations of very
-  different sources (Europarl, then Common Crawl, then news).
-  """
-  num_pairs = min(len(pairs), max(1, max_sentences // 2))
-  if num_pairs < len(pairs):
-    chosen = np.random.default_rng(_SPM_SAMPLE_SEED).choice(len(pairs), num_pairs, replace=False)
-    pairs = [pairs[i] for i in np.sort(chosen)]
-  return [sentence for pair in pairs for sentence in pair]
-
-
-def _train(pairs, model_prefix, vocab_size, max_sentences) -> SentencePieceTokenizer:
-  sentences = spm_training_sample(pairs, max_sentences)
-  start = time.perf_counter()
-  try:
-    tokenizer = train_sentencepiece(
-        sentences, model_prefix, vocab_size, model_type=SPM_MODEL_TYPE, max_sentences=len(sentences)
-    )
-  except RuntimeError as e:  # SentencePiece says e.g. "Vocabulary size too high (8000) ..."
-    raise ValueError(
-        f"config.data.vocab_size={vocab_size}: SentencePiece could not train on {len(sentences)} "
-        f"sentences ({e}). Lower vocab_size, or raise config.data.spm_max_sentences."
-    ) from e
-  logging.info(
-      "data: trained a %s SentencePiece vocabulary of %d on %d sentences in %.1fs",
-      SPM_MODEL_TYPE,
-      vocab_size,
-      len(sentences),
-      time.perf_counter() - start,
-  )
-  return tokenizer
-
-
-def _tokenize(tokenizer: Tokenizer, pairs: list[Pair]) -> list[batching.Example]:
-  return [(tokenizer.encode(src), tokenizer.encode(tgt)) for src, tgt in pairs]
 
 
 def _is_chief() -> bool:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import itertools
 import logging
 import os
+from collections.abc import Iterator
 
 from transformer_jax import errors
 
@@ -42,25 +44,14 @@ def split_path(directory: str, split: str, lang: str) -> str:
 
 def read_lines(path: str) -> list[str]:
   """The file's lines, unstripped, without line terminators; errors name the file and line."""
-  try:
-    with open(path, "rb") as f:
-      data = f.read()
-  except FileNotFoundError:
-    raise FileNotFoundError(_missing_message(path)) from None
-  except OSError as e:  # a directory, no permission, an I/O error
-    raise CorpusError(f"{path}: cannot read the file: {e.strerror or e}.") from e
+  with _open(path) as f:
+    data = f.read()
   try:
     # One decode of the whole file is ~50x faster than decoding line by line; the line number
     # of a bad byte is recovered from its offset only when there is one.
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
-    line = data.count(b"\n", 0, e.start) + 1
-    column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-    raise CorpusError(
-        f"{path}:{line}: invalid UTF-8 at byte {e.start} (line {line}, byte {column} of the "
-        f"line: {data[e.start:e.end]!r}, {e.reason}). Corpus files must be UTF-8; convert it, "
-        f"e.g. `iconv -f LATIN1 -t UTF-8`, or fix that line."
-    ) from None
+    raise _utf8_error(path, data, e) from None
   text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the first sentence
   lines = text.split("\n")
   if lines[-1] == "":  # the final newline ends the last line; it does not start a new one
@@ -70,26 +61,94 @@ def read_lines(path: str) -> list[str]:
 
 def read_parallel(source_path: str, target_path: str) -> ParallelText:
   """Line-aligned pairs from two files; pairs with an empty side are skipped and counted."""
-  source_lines = read_lines(source_path)
-  target_lines = read_lines(target_path)
-  if len(source_lines) != len(target_lines):
-    shorter, longer = sorted(
-        [(len(source_lines), source_path), (len(target_lines), target_path)]
-    )
-    raise CorpusError(
-        f"{source_path} has {len(source_lines)} lines but {target_path} has "
-        f"{len(target_lines)}: parallel files must be aligned line by line. {longer[1]} has "
-        f"extra lines from line {shorter[0] + 1}; check for a missing or wrapped line."
-    )
   pairs = []
-  num_skipped = 0
-  for src, tgt in zip(source_lines, target_lines):
-    src, tgt = src.strip(), tgt.strip()
-    if src and tgt:
-      pairs.append((src, tgt))
-    else:
-      num_skipped += 1
-  return ParallelText(pairs, num_skipped)
+  for _, chunk in iter_parallel(source_path, target_path, 1 << 16):
+    pairs.extend(chunk)
+  return ParallelText(pairs, count_lines(source_path) - len(pairs))
+
+
+def count_lines(path: str) -> int:
+  """Lines of a file (a last line without a final newline counts), reading 16 MiB at a time."""
+  count, last = 0, b"\n"
+  with _open(path) as f:
+    for block in iter(lambda: f.read(1 << 24), b""):
+      count += block.count(b"\n")
+      last = block[-1:]
+  return count + (last != b"\n")
+
+
+def iter_parallel(source_path: str, target_path: str,
+                  chunk_lines: int) -> Iterator[tuple[list[int], list[Pair]]]:
+  """`read_parallel` in chunks of `chunk_lines` line pairs, never holding the whole corpus.
+
+  Yields (rows, pairs): the kept pairs, stripped, and their 0-based line numbers. Invalid UTF-8 and
+  files of different lengths are errors naming the file and line, as in `read_lines`."""
+  with _open(source_path) as src_file, _open(target_path) as tgt_file:
+    first = 0
+    while True:
+      # Binary files split on b"\n" only, like read_lines.
+      src_lines = list(itertools.islice(src_file, chunk_lines))
+      tgt_lines = list(itertools.islice(tgt_file, chunk_lines))
+      if len(src_lines) != len(tgt_lines):
+        source_count = first + len(src_lines) + sum(1 for _ in src_file)
+        target_count = first + len(tgt_lines) + sum(1 for _ in tgt_file)
+        _raise_misaligned(source_path, source_count, target_path, target_count)
+      if not src_lines:
+        return
+      sources = _decode_lines(src_lines, source_path, first)
+      targets = _decode_lines(tgt_lines, target_path, first)
+      rows, pairs = [], []
+      for row, (src, tgt) in enumerate(zip(sources, targets), start=first):
+        src, tgt = src.strip(), tgt.strip()
+        if src and tgt:
+          rows.append(row)
+          pairs.append((src, tgt))
+      yield rows, pairs
+      first += len(src_lines)
+
+
+def _open(path: str):
+  try:
+    return open(path, "rb")
+  except FileNotFoundError:
+    raise FileNotFoundError(missing_message(path)) from None
+  except OSError as e:
+    raise CorpusError(f"{path}: cannot read the file: {e.strerror or e}.") from e
+
+
+def _decode_lines(lines: list[bytes], path: str, first: int) -> list[str]:
+  """Lines [first, first + len(lines)) of `path`, decoded (one decode for the whole chunk)."""
+  data = b"".join(lines)
+  try:
+    decoded = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise _utf8_error(path, data, e, first) from None
+  if first == 0:
+    decoded = decoded.removeprefix("\ufeff")  # a byte-order mark is not part of a sentence
+  out = decoded.split("\n")
+  if out[-1] == "":
+    out.pop()
+  return out
+
+
+def _utf8_error(path: str, data: bytes, e: UnicodeDecodeError, first_line: int = 0) -> CorpusError:
+  line = data.count(b"\n", 0, e.start) + 1
+  column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+  where = f"line {line + first_line}, byte {column} of the line"
+  return CorpusError(
+      f"{path}:{line + first_line}: invalid UTF-8 ({where}: {data[e.start:e.end]!r}, {e.reason}). "
+      "Corpus files must be UTF-8; convert it, e.g. `iconv -f LATIN1 -t UTF-8`, or fix that line."
+  )
+
+
+def _raise_misaligned(source_path: str, source_count: int, target_path: str,
+                      target_count: int) -> None:
+  shorter, longer = sorted([(source_count, source_path), (target_count, target_path)])
+  raise CorpusError(
+      f"{source_path} has {source_count} lines but {target_path} has {target_count}: parallel "
+      f"files must be aligned line by line. {longer[1]} has extra lines from line "
+      f"{shorter[0] + 1}; check for a missing or wrapped line."
+  )
 
 
 def load_split(directory: str, split: str, source_lang: str, target_lang: str) -> list[Pair]:
@@ -108,7 +167,7 @@ def load_split(directory: str, split: str, source_lang: str, target_lang: str) -
   return text.pairs
 
 
-def _missing_message(path: str) -> str:
+def missing_message(path: str) -> str:
   directory = os.path.dirname(path) or "."
   if not os.path.isdir(directory):
     return f"{path}: not found, and neither is its directory {directory}; check config.data.path."

@@ -13,7 +13,7 @@ only when this source is used.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 Pair = tuple[str, str]
@@ -49,6 +49,11 @@ def load_splits(
     data_dir: str | None = None,
 ) -> dict[str, list[Pair]]:
   """{key: pairs} for each {key: TFDS split}, downloading and preparing the dataset if needed."""
+  return read_builder(prepared_builder(name, data_dir), splits, source_lang, target_lang)
+
+
+def prepared_builder(name: str, data_dir: str | None = None) -> Any:
+  """The dataset's TFDS builder, downloaded and prepared into `data_dir` if it was not yet."""
   tfds = import_tfds()
   try:
     builder = tfds.builder(name, data_dir=data_dir or None)
@@ -58,14 +63,23 @@ def load_splits(
         "https://www.tensorflow.org/datasets/catalog, e.g. 'wmt14_translate/de-en'."
     ) from e
   builder.download_and_prepare()
-  return read_builder(builder, splits, source_lang, target_lang)
+  return builder
 
 
 def read_builder(
     builder: Any, splits: Mapping[str, str], source_lang: str, target_lang: str
 ) -> dict[str, list[Pair]]:
   """Reads prepared splits of a TFDS builder (a registered dataset or a `tfds.TranslateFolder`)."""
-  tfds = import_tfds()
+  check_builder(builder, splits, source_lang, target_lang)
+  out = {}
+  for key, split in splits.items():
+    out[key] = [pair for _, chunk in iter_pairs(builder, split, source_lang, target_lang)
+                for pair in chunk]
+  return out
+
+
+def check_builder(builder: Any, splits, source_lang: str, target_lang: str) -> None:
+  """Errors naming the config key when the languages or the splits are not the dataset's."""
   name = builder.info.full_name
   languages = sorted(builder.info.features.keys())
   for key, lang in (("source_lang", source_lang), ("target_lang", target_lang)):
@@ -83,25 +97,43 @@ def read_builder(
           f"config.data.{key}_split={split!r}: {name} has the splits {known}; set "
           f"--config.data.{key}_split to one of them (TFDS calls the dev set 'validation')."
       )
-  out = {}
-  for key, split in splits.items():
-    ds = builder.as_dataset(split=split, shuffle_files=False).batch(_READ_BATCH)
-    pairs, num_skipped, index = [], 0, 0
-    for batch in tfds.as_numpy(ds):
-      for src, tgt in zip(batch[source_lang], batch[target_lang]):
-        src = _decode(src, name, split, index).strip()
-        tgt = _decode(tgt, name, split, index).strip()
-        index += 1
-        if src and tgt:
-          pairs.append((src, tgt))
-        else:
-          num_skipped += 1
-    if num_skipped:
-      logging.warning(
-          "data: %s %s: skipped %d of %d pairs with an empty side", name, split, num_skipped, index
-      )
-    out[key] = pairs
-  return out
+
+
+def iter_pairs(builder: Any, split: str, source_lang: str, target_lang: str,
+               chunk_size: int = _READ_BATCH) -> Iterator[tuple[list[int], list[Pair]]]:
+  """(indices, pairs) of a prepared split in chunks: pairs stripped, those with an empty side
+  skipped (and counted in a warning), indices their example numbers in the split."""
+  tfds = import_tfds()
+  name = builder.info.full_name
+  ds = builder.as_dataset(split=split, shuffle_files=False).batch(chunk_size)
+  num_skipped, index = 0, 0
+  for batch in tfds.as_numpy(ds):
+    rows, pairs = [], []
+    for src, tgt in zip(batch[source_lang], batch[target_lang]):
+      src = _decode(src, name, split, index).strip()
+      tgt = _decode(tgt, name, split, index).strip()
+      if src and tgt:
+        rows.append(index)
+        pairs.append((src, tgt))
+      else:
+        num_skipped += 1
+      index += 1
+    yield rows, pairs
+  if num_skipped:
+    logging.warning(
+        "data: %s %s: skipped %d of %d pairs with an empty side", name, split, num_skipped, index
+    )
+
+
+def num_examples(builder: Any, split: str) -> int:
+  """Examples in a split (slices included), from the metadata, else by counting them."""
+  try:
+    return int(builder.info.splits[split].num_examples)
+  except (KeyError, ValueError, TypeError):
+    pass
+  ds = builder.as_dataset(split=split, shuffle_files=False).batch(_READ_BATCH)
+  first = min(builder.info.features.keys())
+  return sum(len(batch[first]) for batch in import_tfds().as_numpy(ds))
 
 
 def _decode(value: bytes, name: str, split: str, index: int) -> str:

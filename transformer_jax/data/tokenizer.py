@@ -160,6 +160,10 @@ class SentencePieceTokenizer:
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text, out_type=int)
 
+  def encode_batch(self, texts: list[str], num_threads: int = -1) -> list[list[int]]:
+    """`encode` of each text, by SentencePiece's C++ threads (-1: one per core)."""
+    return self._sp.encode(texts, out_type=int, num_threads=num_threads)
+
   def decode(self, ids: Sequence[int]) -> str:
     return self._sp.decode(_content_ids(ids))
 

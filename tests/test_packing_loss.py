@@ -1,0 +1,41 @@
+"""Packed batches train like the same pairs one per row: equal loss sums with a real model."""
+
+import numpy as np
+from testing import random_params, tiny_train_config
+
+from transformer_jax import config as config_lib
+from transformer_jax import train
+from transformer_jax.data import batching, pipeline
+from transformer_jax.model import Transformer
+
+
+def test_packed_batch_has_the_loss_of_its_pairs_unpacked():
+  config = tiny_train_config()
+  config.model.dropout_rate = 0.0
+  dataset = pipeline.load_dataset(config)
+  examples = dataset.splits["train"].examples[:200]
+  length = config.data.max_len
+  packed_iter = batching.BatchIterator(examples, seed=0, bucket_lengths=(length,),
+                                       batch_size=8, packing=True)
+  packed = next(packed_iter)
+  # The pairs of the packed batch, one per row, in the same padded length.
+  sources = packed["inputs"][packed["inputs_segmentation"] > 0]
+  assert np.count_nonzero(sources == 1) > 8  # more pairs than rows: several a row
+  pairs = []
+  for r in range(8):
+    for s in range(1, packed["inputs_segmentation"][r].max() + 1):
+      src = packed["inputs"][r][packed["inputs_segmentation"][r] == s][:-1]
+      tgt = packed["targets"][r][packed["targets_segmentation"][r] == s][:-1]
+      pairs.append((src.tolist(), tgt.tolist()))
+  alone = next(iter(batching.eval_batches(pairs, len(pairs), (length,))))
+  alone.pop("index")
+
+  model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
+  model = Transformer(model_config.replace(deterministic=True))
+  params = random_params(model_config)
+  packed_loss, packed_metrics = train.loss_and_metrics(params, packed, model=model,
+                                                       label_smoothing=0.1)
+  alone_loss, alone_metrics = train.loss_and_metrics(params, alone, model=model,
+                                                     label_smoothing=0.1)
+  assert packed_metrics["weight_sum"] == alone_metrics["weight_sum"]
+  np.testing.assert_allclose(packed_loss, alone_loss, rtol=1e-5)

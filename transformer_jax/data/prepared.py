@@ -1,0 +1,500 @@
+"""Prepared corpora: each split tokenized once into flat int32 arrays, memory-mapped on every open.
+
+A corpus is prepared into `cache_dir` once -- by `python -m transformer_jax.prepare_data`, or by the
+first training run that finds it missing -- and every later start, resume, host or Table 3 row with
+the same data opens it in a second, reading only the pages its batches touch:
+
+    cache_dir/
+      <source>-<vocab key>/          one vocabulary and everything encoded with it
+        vocab.model                  the joint SentencePiece model (§3.4, §5.1)
+        manifest.json                what the key was made of: source fingerprint, vocabulary settings
+        <split>-<split key>/         one split, e.g. train-3f2a..., validation-91c0...
+          manifest.json              key inputs, counts, the vocabulary's sha256
+          source.npy  source_offsets.npy    [T] int32 ids (no EOS/BOS), [N + 1] int64 starts
+          target.npy  target_offsets.npy
+          source_text.npy  source_text_offsets.npy  [bytes] uint8 UTF-8 (stripped), [N + 1] int64
+          target_text.npy  target_text_offsets.npy
+
+Keys are sha256 digests of JSON: the vocabulary's key holds the training split's fingerprint (a
+TFDS dataset's full name and version; for text files their size and hashes of their first and last
+MiB), the languages and the vocabulary settings (size, model type, sample size and seed), or, for a
+vocabulary given by a workdir, that model's own sha256. A split's key adds its own fingerprint. Each
+directory is written under a temporary name and renamed into place, so a kill at any moment leaves
+no directory or a complete one; on open, the manifest must repeat the key inputs and the vocabulary
+digest, or the cache is refused. Nothing holds the corpus as Python objects: the source is read in
+chunks of `_CHUNK_PAIRS` pairs, encoded by SentencePiece's multi-threaded batch encode and appended
+to the arrays on disk.
+
+Sentences are stored whole; `max_len` truncation happens at batching (batching.py), so configs that
+differ only in max_len (or in batching) share one prepared corpus.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import hashlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from transformer_jax import errors
+from transformer_jax.data import text, tfds_source
+from transformer_jax.data.tokenizer import SentencePieceTokenizer, train_sentencepiece
+
+Pair = tuple[str, str]
+
+FORMAT_VERSION = 1  # bump when the layout changes: old caches are then never opened
+SPM_MODEL_TYPE = "bpe"  # the paper's byte-pair encoding (§5.1)
+# Fixed, not config.seed: runs that differ only in seed should share a vocabulary.
+SPM_SAMPLE_SEED = 0
+VOCAB_FILE = "vocab.model"
+_CHUNK_PAIRS = 65_536  # pairs per encode call: big enough for threads, small in memory
+_HASH_BYTES = 1 << 20  # the head and the tail of a text file that its fingerprint hashes
+_SIDES = ("source", "target")
+
+
+class CacheError(errors.UserError):
+  """A prepared directory does not match what it should hold; the message names it."""
+
+
+# ----------------------------------------------------------------------------- arrays
+
+
+class TokenArrays:
+  """N sequences as one flat array `tokens` [T] and `offsets` [N + 1]: sequence i is
+  tokens[offsets[i]:offsets[i + 1]]. Memory-mapped arrays stay on disk until indexed."""
+
+  def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
+    self.tokens = tokens
+    self.offsets = offsets
+
+  def __len__(self) -> int:
+    return len(self.offsets) - 1
+
+  @property
+  def lengths(self) -> np.ndarray:
+    return np.diff(self.offsets)  # [N]
+
+  def __getitem__(self, i: int) -> np.ndarray:
+    i = _check_index(i, len(self))
+    return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+  @classmethod
+  def from_sequences(cls, seqs, dtype=np.int32) -> TokenArrays:
+    """From lists of ids, or from `bytes` (dtype uint8: joined, not iterated, ~20x faster)."""
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    offsets = np.zeros(len(seqs) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if seqs and isinstance(seqs[0], bytes):
+      tokens = np.frombuffer(b"".join(seqs), np.uint8)
+    else:
+      tokens = np.fromiter(itertools.chain.from_iterable(seqs), dtype, count=int(offsets[-1]))
+    return cls(tokens, offsets)
+
+
+class _Pairs(collections.abc.Sequence):
+  """Pairs of a split, item i made from sequence i of two TokenArrays (`_item`) on demand."""
+
+  def __init__(self, source: TokenArrays, target: TokenArrays):
+    if len(source) != len(target):
+      raise ValueError(f"{len(source)} source but {len(target)} target sequences")
+    self.source, self.target = source, target
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, i):
+    if isinstance(i, slice):
+      return [self[j] for j in range(*i.indices(len(self)))]
+    return self._item(self.source[i]), self._item(self.target[i])
+
+  def _item(self, values: np.ndarray):
+    raise NotImplementedError
+
+
+class Examples(_Pairs):
+  """(source ids, target ids) of a split, as lists.
+
+  batching.py recognises it and batches straight from the arrays; anything else sees a sequence
+  of pairs of lists, like the examples of an in-memory corpus."""
+
+  def _item(self, values: np.ndarray) -> list[int]:
+    return values.tolist()
+
+  def __eq__(self, other) -> bool:
+    if isinstance(other, Examples):
+      return all(
+          np.array_equal(a.offsets, b.offsets) and np.array_equal(a.tokens, b.tokens)
+          for a, b in ((self.source, other.source), (self.target, other.target))
+      )
+    return NotImplemented
+
+
+class TextPairs(_Pairs):
+  """(source, target) strings of a split, decoded from memory-mapped UTF-8."""
+
+  def _item(self, values: np.ndarray) -> str:
+    return values.tobytes().decode("utf-8")
+
+  def __eq__(self, other) -> bool:
+    return list(self) == list(other)
+
+
+def _check_index(i: int, n: int) -> int:
+  """i in [0, n), counting from the end when negative; IndexError (which ends iteration) else."""
+  i = int(i)
+  if not -n <= i < n:
+    raise IndexError(f"index {i} out of range for {n} sequences")
+  return i + n if i < 0 else i
+
+
+@dataclasses.dataclass
+class PreparedSplit:
+  directory: str
+  examples: Examples
+  pairs: TextPairs
+  manifest: dict
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitSource:
+  """Where one split's pairs come from: a fingerprint for the cache key and a chunked reader."""
+
+  fingerprint: dict
+  # chunks(size) yields (rows, pairs): pairs stripped, those with an empty side skipped, rows
+  # their row numbers (from 0, before skipping); errors name the file and line, or the example.
+  chunks: Callable[[int], Iterator[tuple[list[int], list[Pair]]]]
+  num_rows: Callable[[], int]  # rows (line pairs or examples) before skipping, for sampling
+
+
+def text_split(directory: str, split: str, source_lang: str, target_lang: str) -> SplitSource:
+  paths = [text.split_path(directory, split, lang) for lang in (source_lang, target_lang)]
+  fingerprint = {
+      "kind": "text",
+      "split": split,
+      "languages": [source_lang, target_lang],
+      "files": [_file_fingerprint(p) for p in paths],
+  }
+  return SplitSource(
+      fingerprint=fingerprint,
+      chunks=lambda size: text.iter_parallel(paths[0], paths[1], size),
+      num_rows=lambda: text.count_lines(paths[0]),
+  )
+
+
+def tfds_split(builder, split: str, source_lang: str, target_lang: str) -> SplitSource:
+  fingerprint = {
+      "kind": "tfds",
+      "dataset": builder.info.full_name,
+      "split": split,
+      "languages": [source_lang, target_lang],
+  }
+  return SplitSource(
+      fingerprint=fingerprint,
+      chunks=lambda size: tfds_source.iter_pairs(builder, split, source_lang, target_lang, size),
+      num_rows=lambda: tfds_source.num_examples(builder, split),
+  )
+
+
+def _file_fingerprint(path: str) -> dict:
+  """Size and sha256 of the first and last MiB: changes with any edit that moves a byte, and
+  costs two reads whatever the file's size (a full hash of 36M pairs would take a minute)."""
+  try:
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+      digest.update(f.read(_HASH_BYTES))
+      if size > _HASH_BYTES:
+        f.seek(max(_HASH_BYTES, size - _HASH_BYTES))
+        digest.update(f.read(_HASH_BYTES))
+  except FileNotFoundError:
+    raise FileNotFoundError(text.missing_message(path)) from None
+  return {"name": os.path.basename(path), "size": size, "sha256_head_tail": digest.hexdigest()}
+
+
+def is_complete(directory: str) -> bool:
+  """Whether a prepared directory exists: its manifest is written last, before the rename."""
+  return os.path.exists(os.path.join(directory, "manifest.json"))
+
+
+def vocab_sha256(vocab_directory: str) -> str:
+  return _read_json(os.path.join(vocab_directory, "manifest.json"))["vocab_sha256"]
+
+
+def _key(inputs: dict) -> str:
+  return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sha256_file(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- vocabulary
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabSpec:
+  """How the vocabulary is made: trained on a sample of the training split, or given as a file."""
+
+  vocab_size: int
+  max_sentences: int
+  given: str | None = None  # path of an existing SentencePiece model (a workdir's)
+
+  def key_inputs(self, train: SplitSource) -> dict:
+    if self.given is not None:
+      return {"format": FORMAT_VERSION, "vocab_sha256": sha256_file(self.given)}
+    return {
+        "format": FORMAT_VERSION,
+        "train": train.fingerprint,
+        "vocab_size": self.vocab_size,
+        "model_type": SPM_MODEL_TYPE,
+        "max_sentences": self.max_sentences,
+        "sample_seed": SPM_SAMPLE_SEED,
+    }
+
+
+def vocab_dir(cache_dir: str, name: str, spec: VocabSpec, train: SplitSource) -> str:
+  tag = "given" if spec.given else name.replace("/", "_")
+  return os.path.join(cache_dir, f"{tag}-{_key(spec.key_inputs(train))}")
+
+
+def prepare_vocab(cache_dir: str, name: str, spec: VocabSpec, train: SplitSource) -> str:
+  """The vocabulary directory, made (vocabulary trained on a seeded sample) if missing."""
+  final = vocab_dir(cache_dir, name, spec, train)
+  if is_complete(final):
+    return final
+  with _atomic_dir(final) as tmp:
+    model = os.path.join(tmp, VOCAB_FILE)
+    start = time.perf_counter()
+    if spec.given:
+      shutil.copyfile(spec.given, model)
+    else:
+      sentences = sample_sentences(train, spec.max_sentences)
+      _train_vocab(sentences, os.path.join(tmp, "vocab"), spec.vocab_size)
+      os.remove(os.path.join(tmp, "vocab.vocab"))
+    manifest = {
+        "key_inputs": spec.key_inputs(train),
+        "vocab_sha256": sha256_file(model),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    _write_json(os.path.join(tmp, "manifest.json"), manifest)
+  return final
+
+
+def sample_sentences(train: SplitSource, max_sentences: int) -> list[str]:
+  """Both sides of a seeded random sample of at most `max_sentences // 2` rows of the split.
+
+  Random rather than the first pairs, because corpora like WMT are concatenations of very
+  different sources (Europarl, then Common Crawl, then news). Streams the split once."""
+  rows = train.num_rows()
+  want = min(rows, max(1, max_sentences // 2))
+  chosen = np.zeros(rows, bool)
+  chosen[np.random.default_rng(SPM_SAMPLE_SEED).choice(rows, want, replace=False)] = True
+  sentences = []
+  for rows, pairs in train.chunks(_CHUNK_PAIRS):
+    for row, pair in zip(rows, pairs):
+      if chosen[row]:
+        sentences.extend(pair)
+  return sentences
+
+
+def _train_vocab(sentences: list[str], model_prefix: str, vocab_size: int) -> None:
+  start = time.perf_counter()
+  try:
+    train_sentencepiece(
+        sentences, model_prefix, vocab_size, model_type=SPM_MODEL_TYPE,
+        max_sentences=len(sentences),
+    )
+  except RuntimeError as e:  # SentencePiece says e.g. "Vocabulary size too high (8000) ..."
+    raise errors.UserError(
+        f"config.data.vocab_size={vocab_size}: SentencePiece could not train on {len(sentences)} "
+        f"sentences ({e}). Lower vocab_size, or raise config.data.spm_max_sentences."
+    ) from e
+  logging.info(
+      "data: trained a %s SentencePiece vocabulary of %d on %d sentences in %.1fs",
+      SPM_MODEL_TYPE, vocab_size, len(sentences), time.perf_counter() - start,
+  )
+
+
+# ----------------------------------------------------------------------------- splits
+
+
+def split_dir(vocab_directory: str, key: str, source: SplitSource) -> str:
+  vocab_sha = vocab_sha256(vocab_directory)
+  inputs = {"format": FORMAT_VERSION, "source": source.fingerprint, "vocab_sha256": vocab_sha}
+  return os.path.join(vocab_directory, f"{key}-{_key(inputs)}")
+
+
+def prepare_split(vocab_directory: str, key: str, source: SplitSource,
+                  num_threads: int = -1) -> str:
+  """The split's directory, tokenized into it if missing."""
+  final = split_dir(vocab_directory, key, source)
+  if is_complete(final):
+    return final
+  model = os.path.join(vocab_directory, VOCAB_FILE)
+  tokenizer = SentencePieceTokenizer(model)
+  start = time.perf_counter()
+  with _atomic_dir(final) as tmp:
+    writers = {
+        name: _ArrayWriter(os.path.join(tmp, name), dtype)
+        for name, dtype in (("source", np.int32), ("target", np.int32),
+                            ("source_text", np.uint8), ("target_text", np.uint8))
+    }
+    num_pairs = 0
+    for _, chunk in source.chunks(_CHUNK_PAIRS):
+      sides = list(zip(*chunk)) if chunk else [(), ()]
+      for side, sentences in zip(_SIDES, sides):
+        sentences = list(sentences)
+        ids = tokenizer.encode_batch(sentences, num_threads=num_threads)
+        writers[side].append(ids)
+        writers[f"{side}_text"].append([s.encode("utf-8") for s in sentences])
+      num_pairs += len(chunk)
+    counts = {name: w.close() for name, w in writers.items()}
+    manifest = {
+        "key_inputs": {
+            "format": FORMAT_VERSION,
+            "source": source.fingerprint,
+            "vocab_sha256": sha256_file(model),
+        },
+        "num_pairs": num_pairs,
+        "num_tokens": {side: counts[side] for side in _SIDES},
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    _write_json(os.path.join(tmp, "manifest.json"), manifest)
+  logging.info(
+      "data: tokenized %d pairs of %s into %s in %.1fs",
+      num_pairs, key, final, time.perf_counter() - start,
+  )
+  return final
+
+
+def open_split(directory: str, source: SplitSource, vocab_directory: str) -> PreparedSplit:
+  """A prepared split, memory-mapped; refused unless its manifest matches what it should hold."""
+  manifest = _read_json(os.path.join(directory, "manifest.json"))
+  vocab_sha = vocab_sha256(vocab_directory)
+  expected = {"format": FORMAT_VERSION, "source": source.fingerprint, "vocab_sha256": vocab_sha}
+  if manifest.get("key_inputs") != expected:
+    raise CacheError(
+        f"{directory}/manifest.json records {manifest.get('key_inputs')}, not {expected}: this "
+        "prepared split belongs to another corpus or vocabulary. Delete the directory; it will be "
+        "prepared again."
+    )
+  arrays = {}
+  for name in ("source", "target", "source_text", "target_text"):
+    tokens = np.load(os.path.join(directory, f"{name}.npy"), mmap_mode="r")
+    offsets = np.load(os.path.join(directory, f"{name}_offsets.npy"))
+    if len(offsets) != manifest["num_pairs"] + 1 or offsets[-1] != len(tokens):
+      raise CacheError(
+          f"{directory}/{name}.npy holds {len(tokens)} values and {len(offsets) - 1} offsets, "
+          f"the manifest says {manifest['num_pairs']} pairs: the directory is damaged. Delete it; "
+          "it will be prepared again."
+      )
+    arrays[name] = TokenArrays(tokens, offsets)
+  return PreparedSplit(
+      directory=directory,
+      examples=Examples(arrays["source"], arrays["target"]),
+      pairs=TextPairs(arrays["source_text"], arrays["target_text"]),
+      manifest=manifest,
+  )
+
+
+class _ArrayWriter:
+  """Appends ragged chunks to `{path}.npy` ([T] values) and keeps the [N + 1] offsets in memory.
+
+  The .npy header is written first with room for any length and rewritten at close, so the values
+  stream to disk without a second copy."""
+
+  _HEADER = 128  # bytes: the header of a 1-d array of any length fits, padded to 64
+
+  def __init__(self, path: str, dtype):
+    self.path, self.dtype = path, np.dtype(dtype)
+    self.file = open(f"{path}.npy", "wb")  # noqa: SIM115 -- open across append() calls; close()
+    self.file.write(b"\0" * self._HEADER)
+    self.lengths: list[np.ndarray] = []
+    self.total = 0
+
+  def append(self, seqs) -> None:
+    arrays = TokenArrays.from_sequences(seqs, self.dtype)
+    arrays.tokens.tofile(self.file)
+    self.lengths.append(np.diff(arrays.offsets))
+    self.total += len(arrays.tokens)
+
+  def close(self) -> int:
+    header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+              "shape": (self.total,)}
+    self.file.seek(0)
+    np.lib.format.write_array_header_1_0(self.file, header)
+    assert self.file.tell() == self._HEADER, self.file.tell()
+    self.file.close()
+    lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    np.save(f"{self.path}_offsets.npy", offsets)
+    return self.total
+
+
+# ----------------------------------------------------------------------------- files
+
+
+class _atomic_dir:
+  """`with _atomic_dir(final) as tmp:` fills tmp, then renames it to `final` (or drops it, if a
+  racing process got there first). Temporary directories of dead processes on this host, left by a
+  kill, are removed on the way in."""
+
+  def __init__(self, final: str):
+    self.final = final
+
+  def __enter__(self) -> str:
+    parent, base = os.path.split(self.final)
+    os.makedirs(parent, exist_ok=True)
+    prefix = f".tmp-{base}-{socket.gethostname()}-"
+    for name in os.listdir(parent):
+      if name.startswith(prefix) and not _pid_alive(name[len(prefix):].split("-")[0]):
+        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    self.tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
+    return self.tmp
+
+  def __exit__(self, exc_type, exc, tb):
+    if exc_type is not None:
+      shutil.rmtree(self.tmp, ignore_errors=True)
+      return False
+    try:
+      os.rename(self.tmp, self.final)
+    except OSError:  # a racing process renamed its complete copy first: keep that one
+      if not is_complete(self.final):
+        raise
+      shutil.rmtree(self.tmp, ignore_errors=True)
+    return False
+
+
+def _pid_alive(pid: str) -> bool:
+  try:
+    os.kill(int(pid), 0)
+  except (ValueError, ProcessLookupError):
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def _write_json(path: str, value: dict) -> None:
+  with open(path, "w") as f:
+    json.dump(value, f, indent=1, sort_keys=True)
+
+
+def _read_json(path: str) -> dict:
+  with open(path) as f:
+    return json.load(f)
