@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from transformer_jax import errors
+from transformer_jax import distributed, errors
 from transformer_jax.data import batching, prepared, synthetic, tfds_source
 from transformer_jax.data.tokenizer import (
     SentencePieceTokenizer,
@@ -48,9 +48,8 @@ WORD_VOCAB = "vocab.txt"  # WordTokenizer.save: one token per line
 SPM_VOCAB = "vocab.model"  # a SentencePiece model proto
 SPLIT_KEYS = ("train", "eval", "test")
 # Where prepared corpora go when config.data.cache_dir is unset and there is no workdir.
-USER_CACHE_DIR = os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "transformer_jax", "prepared"
-)
+_CACHE_HOME = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+USER_CACHE_DIR = os.path.join(_CACHE_HOME, "transformer_jax", "prepared")
 
 
 @dataclasses.dataclass
@@ -192,10 +191,11 @@ def _load_prepared(config, workdir, cache_dir, splits) -> Dataset:
   d = config.data
   start = time.perf_counter()
   sources = split_sources(config, splits)
-  if _is_chief():
+  if distributed.is_chief():
     vocab_directory, missing = prepare(config, workdir, cache_dir, splits, sources)
-  _wait_for_chief("transformer_jax: corpus prepared")
-  if not _is_chief():  # the chief's cache may be on another host's disk: then prepare a copy
+  distributed.wait_for_chief("transformer_jax: corpus prepared")
+  # The chief's cache may be on another host's disk: then this process prepares its own copy.
+  if not distributed.is_chief():
     vocab_directory, missing = prepare(config, workdir, cache_dir, splits, sources)
   prepare_seconds = time.perf_counter() - start if missing else 0.0
   opened = time.perf_counter()
@@ -287,24 +287,9 @@ def word_tokenizer(tokenizer: WordTokenizer, workdir: str | None) -> WordTokeniz
       )
     logging.info("data: reusing the vocabulary in %s", path)
     return saved
-  if _is_chief():
+  if distributed.is_chief():
     atomic_write(path, tokenizer.save)
   return tokenizer
-
-
-def _is_chief() -> bool:
-  import jax  # here, not at the top: only runs with a workdir need a backend
-
-  return jax.process_index() == 0
-
-
-def _wait_for_chief(tag: str) -> None:
-  import jax
-
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices(tag)
 
 
 def atomic_write(path: str, write) -> None:
