@@ -23,7 +23,7 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from transformer_jax import cli  # noqa: E402
+from transformer_jax import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's --workdir.", required=True)
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line (default: test split).")
@@ -72,7 +72,7 @@ def main(argv):
       "block": run.predictor.block,
   }
   for name, beam in (("greedy", 1), (f"beam{_BEAM.value}", _BEAM.value)):
-    kwargs = dict(beam_size=beam, batch_tokens=batch_tokens)
+    kwargs = {"beam_size": beam, "batch_tokens": batch_tokens}
     start = time.perf_counter()
     hypotheses = run.translate_ids(sources, **kwargs)  # warm-up: compiles each batch shape
     compile_s = time.perf_counter() - start

@@ -265,7 +265,7 @@ EXTRA = 3  # sources of 5 tokens -> at most 8 output tokens
 N = 8
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_model():
   """A random tiny Transformer that, like a trained one, never emits PAD, and 6 sources.
 
@@ -433,7 +433,7 @@ def test_cross_attention_caches_are_never_tiled_or_reordered():
   decoder = RecordingDecoder(CONFIG)
   object.__setattr__(decoder, "calls", [])
   batch, k = inputs.shape[0], 4
-  tokens, scores, _ = decode.beam_search(decoder, params, inputs, N, k, 0.6, block=3)
+  tokens, _, _ = decode.beam_search(decoder, params, inputs, N, k, 0.6, block=3)
   first_rows, _, filled = decoder.calls[0]  # the step that read BOS and projected the encoder
   assert first_rows == batch and len(filled) == 2 * CONFIG.decoder_layers
   later = decoder.calls[1:]

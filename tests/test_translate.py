@@ -10,7 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import average, checkpoint, inference, train, translate, tune_decoding
+from transformer_jax import (
+  average,
+  checkpoint,
+  inference,
+  train,
+  translate,
+  tune_decoding,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -48,7 +55,7 @@ def test_average_of_checkpoints_is_the_mean_of_their_params(trained_run):
     np.testing.assert_allclose(avg, (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
   assert average.average_workdir(str(workdir), 3) == [2, 3, 4]
   saved3 = checkpoint.load_averaged(str(workdir), abstract)
-  leaf = lambda tree: np.asarray(jax.tree.leaves(tree)[0])  # noqa: E731
+  leaf = lambda tree: np.asarray(jax.tree.leaves(tree)[0])
   np.testing.assert_allclose(leaf(saved3), sum(leaf(t) for t in three) / 3, rtol=1e-6)
   with pytest.raises(ValueError, match="holds 3"):
     average.average_workdir(str(workdir), 5)
@@ -207,16 +214,17 @@ def test_translation_batches_sort_by_length_and_size_by_tokens():
 def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run, tmp_path):
   workdir, _ = trained_run
   source = tmp_path / "in.txt"
-  source.write_bytes("a b c\n\nd e\nb c d e\r\nc\n".encode())
+  source.write_bytes(b"a b c\n\nd e\nb c d e\r\nc\n")
   common = [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(workdir),
             "--beam_size", "2", "--compilation_cache", str(tmp_path / "jax_cache")]
   whole = subprocess.run(common + ["--input", str(source)], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
+                         cwd=REPO, timeout=300, check=False)
   assert whole.returncode == 0, whole.stderr[-2000:]
   assert len(whole.stdout.splitlines()) == 5
   assert "sentences/s" in whole.stderr.splitlines()[-1]
   chunked = subprocess.run(common + ["--chunk_lines", "2", "--output", str(tmp_path / "o.txt")],
-                           input=source.read_bytes(), capture_output=True, cwd=REPO, timeout=300)
+                           input=source.read_bytes(), capture_output=True, cwd=REPO, timeout=300,
+                           check=False)
   assert chunked.returncode == 0, chunked.stderr[-2000:]
   assert (tmp_path / "o.txt").read_text() == whole.stdout  # same lines, same order
   assert any((tmp_path / "jax_cache").iterdir())  # compiled searches were kept
@@ -225,7 +233,30 @@ def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run
   bad.write_bytes("a b\nNaïve café\n".encode("latin-1"))
   for extra, kwargs, name in ((["--input", str(bad)], {}, str(bad)),
                               ([], {"input": bad.read_bytes()}, "standard input")):
-    proc = subprocess.run(common + extra, capture_output=True, cwd=REPO, timeout=300, **kwargs)
+    proc = subprocess.run(common + extra, capture_output=True, cwd=REPO, timeout=300,
+                          check=False, **kwargs)
     assert proc.returncode == 1
     last = proc.stderr.decode().strip().splitlines()[-1]
     assert last.startswith(f"error: {name} line 2 is not valid UTF-8"), last
+
+
+def test_decode_benchmark_reports_speed_memory_steps_and_device(trained_run):
+  workdir, _ = trained_run
+  proc = subprocess.run(
+      [sys.executable, "benchmarks/decode.py", "--workdir", str(workdir), "--repeats", "1",
+       "--beam_size", "2", "--batch_tokens", "256"],
+      capture_output=True, text=True, cwd=REPO, timeout=600, check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["device"] and result["batch_tokens"] == 256 and result["peak_rss_gib"] > 0
+  for mode in ("greedy", "beam2"):
+    r = result[mode]
+    assert r["sentences_per_s"] > 0 and r["sentences"] == len(
+        (workdir / "test_translations.txt").read_text().splitlines()
+    )
+    # Each batch runs at least one decoder step per position it emits; the time per step is the
+    # median pass's seconds over the steps of all batches.
+    assert r["steps"] >= r["batches"] >= 1 and r["row_steps"] >= r["rows"]
+    rounding = 0.5 / r["steps"] + 0.005  # seconds and step_ms are rounded in the JSON
+    assert r["step_ms"] == pytest.approx(1000 * r["seconds"] / r["steps"], abs=rounding)

@@ -15,6 +15,17 @@ among the k best extensions of its step (it would have taken a beam slot), not a
 The loop stops once no alive hypothesis can beat the worst finished one, in every sentence.
 `beam_search_with_step_fn` is the search over any `step_fn(tokens, cache, position)`, so it can be
 tested against hand-made distributions; `beam_search` binds it to the Transformer.
+
+What makes it fast on a CPU (each measured, see benchmarks/decode.py):
+  * The encoder-decoder keys/values are one copy per sentence [b, s, h, d]: the k beams of a
+    sentence read it as k queries (attention.py), so it is never tiled to b*k rows nor
+    reordered with the beams. Only the self-attention cache, which differs between beams, is.
+  * The self-attention cache grows in blocks of `DEFAULT_BLOCK` positions (one while_loop per
+    block), so attention and the beam reordering touch the positions written so far, rounded up
+    to the block, not the maximum output length.
+  * The top 2k of k*v extensions is taken in two stages (per beam, then across beams): the same
+    result, ties included, without a top_k over k*v values per sentence.
+  * α is a traced argument (`Predictor`): trying several α compiles the search once.
 """
 
 from __future__ import annotations
@@ -25,12 +36,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-
 from flax import traverse_util
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.model import Transformer, TransformerConfig
-
 
 # Leaves of a layer's decoding cache that hold one copy per sentence (the encoder-decoder keys
 # and values, attention.py): never tiled to the beams, never reordered.
@@ -316,7 +325,7 @@ def _grow(state: BeamState, log_probs: jax.Array, alpha) -> tuple[BeamState, jax
   k best extensions that do not end in EOS, so it always holds k candidates. Taking the top 2k
   first suffices: at most k of them (one per parent) end in EOS.
   """
-  batch, beam, vocab = log_probs.shape
+  _, beam, vocab = log_probs.shape
   i = state.step
   candidates = state.alive_log_probs[:, :, None] + log_probs  # [b, k, v]
   top_log_probs, top_index = _top_extensions(candidates, 2 * beam)  # [b, 2k]

@@ -92,7 +92,7 @@ def restore_params(workdir: str, step: int, abstract: Any) -> Any:
               item=item, restore_args=restore_args, partial_restore=True
           ),
       )
-  except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for bad bytes
+  except Exception as e:
     raise checkpoint.CheckpointError(
         f"the parameters of checkpoint step {step} in {path} cannot be restored: "
         f"{type(e).__name__}: {str(e).strip()[:300]}"

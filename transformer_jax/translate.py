@@ -29,7 +29,7 @@ from absl import flags
 from transformer_jax import cli, errors
 
 # What translate_lines and load_run were here before they moved to the library (inference.py).
-__all__ = ["load_run", "translate_lines", "read_lines", "default_compilation_cache"]
+__all__ = ["default_compilation_cache", "load_run", "read_lines", "translate_lines"]
 
 
 def default_compilation_cache() -> str:
