@@ -5,6 +5,7 @@ import functools
 import itertools
 import math
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -107,7 +108,10 @@ def _search_table(table, alpha, max_len, beam_size, poison_from):
       "steps": jnp.array(0, jnp.int32),  # a scalar leaf: shared by all rows, never gathered
   }
   first_log_probs = table[:, 0]  # the empty prefix
-  return decode.beam_search_with_step_fn(step_fn, first_log_probs, cache, max_len, beam_size, alpha)
+  tokens, scores, _ = decode.beam_search_with_step_fn(
+      step_fn, first_log_probs, cache, max_len, beam_size, alpha
+  )
+  return tokens, scores
 
 
 def assert_scores_are_recomputed(model, tokens, scores, alpha):
@@ -289,14 +293,15 @@ def tiny_model():
   return params, inputs
 
 
-DECODER = decode.Decoder(CONFIG)
+DECODER = decode.IncrementalDecoder(CONFIG)
 PREDICT_GREEDY = decode.make_predict_fn(CONFIG, EXTRA)
 PREDICT_BEAM = decode.make_predict_fn(CONFIG, EXTRA, beam_size=4, alpha=0.6)
 
 
 @functools.partial(jax.jit, static_argnames=("n", "beam_size", "alpha"))
 def run_beam_search(params, inputs, n, beam_size, alpha):
-  return decode.beam_search(DECODER, params, inputs, n, beam_size, alpha)
+  tokens, scores, _ = decode.beam_search(DECODER, params, inputs, n, beam_size, alpha)
+  return tokens, scores
 
 
 @jax.jit
@@ -391,3 +396,84 @@ def test_make_predict_fn_dispatches_on_beam_size():
   assert PREDICT_BEAM._cache_size() == 1  # one compilation per input shape
   with pytest.raises(ValueError, match="beam_size"):
     decode.make_predict_fn(CONFIG, EXTRA, beam_size=0)
+
+
+def test_blocks_of_cache_length_change_nothing():
+  # Decoding in blocks of cache length (here 3: caches of 3, 6 then 8 positions, grown between
+  # while loops) gives the same hypotheses and scores as one cache of the whole length.
+  params, inputs = tiny_model()
+  whole = decode.beam_search(DECODER, params, inputs, N, 4, 0.6, block=None)
+  blocks = jax.jit(
+      lambda p, x: decode.beam_search(DECODER, p, x, N, 4, 0.6, block=3)
+  )(params, inputs)
+  assert decode.cache_block_ends(N, 3) == (3, 6, 8)
+  np.testing.assert_array_equal(blocks[0], whole[0])
+  np.testing.assert_allclose(blocks[1], whole[1], atol=1e-6)
+  assert int(blocks[2]) == int(whole[2]) > 3  # the search ran into the second block
+  greedy_whole = decode.greedy_search(DECODER, params, inputs, N, block=None)
+  greedy_blocks = decode.greedy_search(DECODER, params, inputs, N, block=3)
+  np.testing.assert_array_equal(greedy_blocks[0], greedy_whole[0])
+  assert int(greedy_blocks[1]) == int(greedy_whole[1])
+
+
+class RecordingDecoder(decode.IncrementalDecoder):
+  """Records, for every decoding step traced, the rows decoded and the cross-attention cache."""
+
+  def step(self, params, cache, encoded, inputs, tokens, position):
+    flat = flax.traverse_util.flatten_dict(cache)
+    cross = {k: v for k, v in flat.items() if k[-1] in ("cross_key", "cross_value")}
+    log_probs, new_cache = super().step(params, cache, encoded, inputs, tokens, position)
+    out = flax.traverse_util.flatten_dict(new_cache)
+    self.calls.append((tokens.shape[0], cross, {k: out[k] for k in cross}))
+    return log_probs, new_cache
+
+
+def test_cross_attention_caches_are_never_tiled_or_reordered():
+  params, inputs = tiny_model()
+  decoder = RecordingDecoder(CONFIG)
+  object.__setattr__(decoder, "calls", [])
+  batch, k = inputs.shape[0], 4
+  tokens, _, _ = decode.beam_search(decoder, params, inputs, N, k, 0.6, block=3)
+  first_rows, _, filled = decoder.calls[0]  # the step that read BOS and projected the encoder
+  assert first_rows == batch and len(filled) == 2 * CONFIG.decoder_layers
+  later = decoder.calls[1:]
+  assert len(later) == len(decode.cache_block_ends(N, 3))  # one traced step per block
+  for rows, cross_in, cross_out in later:
+    assert rows == batch * k  # the beams are decoded ...
+    for key, value in cross_in.items():
+      # ... against the one copy per sentence: batch b, the very arrays of the first step,
+      # handed to every step unchanged (not carried through the loop, so never gathered).
+      assert value.shape[0] == batch and value is filled[key], key
+      assert cross_out[key] is value
+  # And the split keeps them out of the per-beam state that the search reorders.
+  rows, sentence = decode.split_cache(decode.IncrementalDecoder(CONFIG).init_cache(inputs, N))
+  assert all(k[-1] in decode.SENTENCE_CACHE_KEYS
+             for k in flax.traverse_util.flatten_dict(sentence))
+  assert not any(k[-1] in decode.SENTENCE_CACHE_KEYS
+                 for k in flax.traverse_util.flatten_dict(rows))
+  expected = decode.beam_search(DECODER, params, inputs, N, k, 0.6, block=3)
+  np.testing.assert_array_equal(tokens, expected[0])
+
+
+def test_alpha_is_an_argument_of_the_compiled_search():
+  params, inputs = tiny_model()
+  predictor = decode.Predictor(CONFIG, EXTRA, beam_size=4, alpha=0.6)
+  for alpha in (0.0, 0.6, 2.0):
+    got = np.asarray(predictor(params, inputs, alpha=alpha))
+    np.testing.assert_array_equal(got, run_beam_search(params, inputs, N, 4, alpha)[0][:, 0])
+  assert predictor.traces == 1 and predictor._cache_size() == 1  # three α, one compilation
+  predictor(params, inputs, beam_size=1)  # greedy: another program, same Predictor
+  assert predictor.traces == 2
+  greedy = predictor(params, inputs, beam_size=1)
+  np.testing.assert_array_equal(greedy, PREDICT_GREEDY(params, inputs))
+
+
+def test_two_stage_top_k_is_the_flat_top_k_ties_included():
+  rng = np.random.default_rng(0)
+  # Few distinct values, so there are many ties within and across beams.
+  candidates = jnp.asarray(rng.integers(0, 4, (3, 4, 50)).astype(np.float32))
+  candidates = candidates.at[0, :, :].set(-jnp.inf).at[0, 2, 7].set(1.0)  # one finite value
+  values, index = decode._top_extensions(candidates, 8)
+  flat_values, flat_index = jax.lax.top_k(candidates.reshape(3, 200), 8)
+  np.testing.assert_array_equal(values, flat_values)
+  np.testing.assert_array_equal(index, flat_index)

@@ -11,7 +11,7 @@ import pytest
 from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.decode import Decoder, greedy_search
+from transformer_jax.decode import IncrementalDecoder, greedy_search
 from transformer_jax.model import Transformer, TransformerConfig
 
 CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64,
@@ -42,7 +42,7 @@ def test_cached_decoding_equals_full_forward(variant):
   logits = Transformer(config).apply({"params": params}, inputs, decoder_inputs)  # [b, t, v]
   expected = jax.nn.log_softmax(logits, axis=-1)
 
-  decoder = Decoder(config)
+  decoder = IncrementalDecoder(config)
   encoded = decoder.encode(params, inputs)  # [b, s, e]
   cache = decoder.init_cache(inputs, TARGET_LEN)
   for t in range(TARGET_LEN):
@@ -93,8 +93,9 @@ def test_greedy_search_equals_naive_loop():
   expected = naive_greedy(model, params, inputs, TARGET_LEN)
   np.testing.assert_array_equal(expected[0], [*free_running[0, :2], EOS_ID, PAD_ID, PAD_ID, PAD_ID])
   assert EOS_ID not in expected[1]  # row 1 runs to the end, past row 0's EOS
-  out = greedy_search(Decoder(config), params, inputs, TARGET_LEN)
+  out, steps = greedy_search(IncrementalDecoder(config), params, inputs, TARGET_LEN)
   assert out.shape == (BATCH, TARGET_LEN) and out.dtype == jnp.int32
+  assert int(steps) == TARGET_LEN  # row 1 never ends: every position is decoded
   np.testing.assert_array_equal(out, expected)
   for row in np.asarray(out):  # after EOS, only PAD
     if EOS_ID in row:

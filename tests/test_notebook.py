@@ -14,7 +14,6 @@ import pathlib
 import sys
 
 import pytest
-
 from testing import tiny_overrides
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

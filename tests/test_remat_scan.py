@@ -126,7 +126,7 @@ def test_scanned_model_decodes_with_per_layer_caches(params):
   inputs, decoder_inputs = example()
   full = Transformer(config).apply({"params": stacked}, inputs, decoder_inputs)  # [b, t, v]
 
-  decoder = decode.Decoder(config)
+  decoder = decode.IncrementalDecoder(config)
   step = jax.jit(decoder.step, compiler_options=FAST_COMPILE)
   cache = decoder.init_cache(jnp.asarray(inputs), T)
   layer_caches = cache["decoder"]["layers"]

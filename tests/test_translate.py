@@ -10,8 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import average, checkpoint, train, translate, tune_decoding
-from transformer_jax.data import pipeline
+from transformer_jax import (
+  average,
+  checkpoint,
+  inference,
+  train,
+  translate,
+  tune_decoding,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -30,17 +36,26 @@ def trained_run(tmp_path_factory):
 def test_average_of_checkpoints_is_the_mean_of_their_params(trained_run):
   workdir, results = trained_run
   assert results["parameters"] == "average of steps [3, 4]"
-  _, _, trainer = translate.load_trainer(str(workdir))
-  abstract = trainer.abstract_state()
+  run = translate.load_run(str(workdir), "latest")
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          run.params)
+  # The full train state (optimizer included), as training restores it, for reference.
+  trainer = train.Trainer(run.config, run.model_config, devices=jax.devices()[:1])
   manager = checkpoint.make_manager(str(workdir), keep=3, save_every=1)
-  three = [checkpoint.restore(manager, abstract, s)[0].params for s in (2, 3, 4)]
+  three = [checkpoint.restore(manager, trainer.abstract_state(), s)[0].params for s in (2, 3, 4)]
   manager.close()
-  saved = checkpoint.load_averaged(str(workdir), abstract.params)  # written by run()
+  # Inference restores the same parameters, and only them.
+  for step, full in zip((2, 3, 4), three):
+    alone = inference.restore_params(str(workdir), step, abstract)
+    assert jax.tree.structure(alone) == jax.tree.structure(full)
+    for a, b in zip(jax.tree.leaves(alone), jax.tree.leaves(full)):
+      np.testing.assert_array_equal(a, b)
+  saved = checkpoint.load_averaged(str(workdir), abstract)  # written by run()
   for a, b, avg in zip(*(jax.tree.leaves(t) for t in (three[1], three[2], saved))):
     np.testing.assert_allclose(avg, (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
   assert average.average_workdir(str(workdir), 3) == [2, 3, 4]
-  saved3 = checkpoint.load_averaged(str(workdir), abstract.params)
-  leaf = lambda tree: np.asarray(jax.tree.leaves(tree)[0])  # noqa: E731
+  saved3 = checkpoint.load_averaged(str(workdir), abstract)
+  leaf = lambda tree: np.asarray(jax.tree.leaves(tree)[0])
   np.testing.assert_allclose(leaf(saved3), sum(leaf(t) for t in three) / 3, rtol=1e-6)
   with pytest.raises(ValueError, match="holds 3"):
     average.average_workdir(str(workdir), 5)
@@ -83,13 +98,17 @@ def test_translations_do_not_depend_on_the_references(trained_run):
   workdir, _ = trained_run
   run = translate.load_run(str(workdir), "latest", beam_size=2)
   sources = [list(range(4, 4 + n)) for n in (3, 9, 1, 6)]
-  buckets = pipeline.eval_bucket_lengths(run.config.data)
+  buckets = inference.pipeline.eval_bucket_lengths(run.config.data)
+  trainer = train.Trainer(run.config, run.model_config)
   short = [(s, [5]) for s in sources]
   long = [(s, [5] * 20) for s in sources]
-  out = run.trainer.translate(run.params, short, buckets, run.tokenizer)
-  assert run.trainer.translate(run.params, long, buckets, run.tokenizer) == out
-  sources_only = [(s, []) for s in sources]
-  assert run.trainer.translate(run.params, sources_only, buckets, run.tokenizer) == out
+  out = trainer.translate(run.params, short, buckets, run.tokenizer)
+  assert trainer.translate(run.params, long, buckets, run.tokenizer) == out
+  assert trainer.translate(run.params, [(s, []) for s in sources], buckets, run.tokenizer) == out
+  # The library's batching (sorted by length, sized by tokens; one batch here, padded to the
+  # same length) translates them the same.
+  assert run.translate_ids(sources) == out
+  assert run.translate_ids(sources, batch_tokens=8) == out  # the fewest rows: 8 devices
 
 
 @pytest.mark.subprocess
@@ -131,6 +150,20 @@ def test_tune_decoding_picks_the_beam_and_alpha_with_the_best_validation_bleu(tr
   assert json.loads((workdir / "decoding_sweep.json").read_text()) == result
   written = (workdir / "test_translations.tuned.txt").read_text().splitlines()
   assert len(written) == result["test_sentences"]
+  # α is an argument of the compiled search: one compilation per (batch shape, beam size), not
+  # per α. Shapes: those of the validation batches (both beams), then test's new ones (best beam).
+  run = translate.load_run(str(workdir))
+  dataset = inference.pipeline.load_dataset(run.config, str(workdir))
+  buckets = inference.pipeline.eval_bucket_lengths(run.config.data)
+
+  def shapes(split):
+    sources = [s for s, _ in dataset.splits[split].examples]
+    return {x.shape for _, x in inference.translation_batches(
+        sources, buckets, inference.DEFAULT_BATCH_TOKENS, jax.device_count())}
+
+  assert result["search_compilations"] == 2 * len(shapes("eval")) + len(
+      shapes("test") - shapes("eval")
+  )
   # Greedy (beam 1) ignores α: both of its rows score the same.
   assert result["sweep"][0]["valid_bleu"] == result["sweep"][1]["valid_bleu"]
   with pytest.raises(ValueError, match=">= 0"):
@@ -154,3 +187,78 @@ def test_attention_figure_of_a_translation(trained_run, tmp_path):
   assert result["layer"] == 0 and output.read_bytes()[:4] == b"\x89PNG"
   with pytest.raises(ValueError, match="--layer=3: the model has 1 layers"):
     plot_attention.figure_for_sentence(str(workdir), sentence, layer=3, which="latest")
+
+
+def test_translation_batches_sort_by_length_and_size_by_tokens():
+  rng = np.random.default_rng(0)
+  sources = [list(range(4, 4 + n)) for n in rng.integers(1, 40, 300)]
+  buckets = (8, 16, 24, 32, 40)
+  seen = []
+  previous_longest = 0
+  for index, inputs in inference.translation_batches(sources, buckets, 512, rows_multiple=4):
+    length = inputs.shape[1]
+    assert length in buckets and inputs.shape[0] == max(512 // length // 4 * 4, 4)
+    real = index[index >= 0]
+    assert len(real) and np.all(index[: len(real)] == real)  # filler rows last
+    lengths = [min(len(sources[i]) + 1, 40) for i in real]
+    assert lengths == sorted(lengths) and lengths[0] >= previous_longest  # sorted overall
+    previous_longest = lengths[-1]
+    assert max(lengths) <= length and (length == 8 or max(lengths) > length - 8)  # its bucket
+    for row, i in enumerate(real):
+      ids = sources[i][: length - 1] + [1]
+      np.testing.assert_array_equal(inputs[row, : len(ids)], ids)
+      assert np.all(inputs[row, len(ids):] == 0)
+    assert np.all(inputs[len(real):] == inputs[0])  # filler: a copy of the first sentence
+    seen.extend(real.tolist())
+  assert sorted(seen) == list(range(len(sources)))
+
+
+def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run, tmp_path):
+  workdir, _ = trained_run
+  source = tmp_path / "in.txt"
+  source.write_bytes(b"a b c\n\nd e\nb c d e\r\nc\n")
+  common = [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(workdir),
+            "--beam_size", "2", "--compilation_cache", str(tmp_path / "jax_cache")]
+  whole = subprocess.run(common + ["--input", str(source)], capture_output=True, text=True,
+                         cwd=REPO, timeout=300, check=False)
+  assert whole.returncode == 0, whole.stderr[-2000:]
+  assert len(whole.stdout.splitlines()) == 5
+  assert "sentences/s" in whole.stderr.splitlines()[-1]
+  chunked = subprocess.run(common + ["--chunk_lines", "2", "--output", str(tmp_path / "o.txt")],
+                           input=source.read_bytes(), capture_output=True, cwd=REPO, timeout=300,
+                           check=False)
+  assert chunked.returncode == 0, chunked.stderr[-2000:]
+  assert (tmp_path / "o.txt").read_text() == whole.stdout  # same lines, same order
+  assert any((tmp_path / "jax_cache").iterdir())  # compiled searches were kept
+
+  bad = tmp_path / "latin1.txt"
+  bad.write_bytes("a b\nNaïve café\n".encode("latin-1"))
+  for extra, kwargs, name in ((["--input", str(bad)], {}, str(bad)),
+                              ([], {"input": bad.read_bytes()}, "standard input")):
+    proc = subprocess.run(common + extra, capture_output=True, cwd=REPO, timeout=300,
+                          check=False, **kwargs)
+    assert proc.returncode == 1
+    last = proc.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith(f"error: {name} line 2 is not valid UTF-8"), last
+
+
+def test_decode_benchmark_reports_speed_memory_steps_and_device(trained_run):
+  workdir, _ = trained_run
+  proc = subprocess.run(
+      [sys.executable, "benchmarks/decode.py", "--workdir", str(workdir), "--repeats", "1",
+       "--beam_size", "2", "--batch_tokens", "256"],
+      capture_output=True, text=True, cwd=REPO, timeout=600, check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["device"] and result["batch_tokens"] == 256 and result["peak_rss_gib"] > 0
+  for mode in ("greedy", "beam2"):
+    r = result[mode]
+    assert r["sentences_per_s"] > 0 and r["sentences"] == len(
+        (workdir / "test_translations.txt").read_text().splitlines()
+    )
+    # Each batch runs at least one decoder step per position it emits; the time per step is the
+    # median pass's seconds over the steps of all batches.
+    assert r["steps"] >= r["batches"] >= 1 and r["row_steps"] >= r["rows"]
+    rounding = 0.5 / r["steps"] + 0.005  # seconds and step_ms are rounded in the JSON
+    assert r["step_ms"] == pytest.approx(1000 * r["seconds"] / r["steps"], abs=rounding)

@@ -282,6 +282,19 @@ class MultiHeadAttention(nn.Module):
     query = nn.with_logical_constraint(
         query, (sharding.BATCH, sharding.LENGTH, sharding.HEADS, sharding.KV)
     )
+    # Beam search keeps one copy of the encoder-decoder keys/values per sentence [b, s, h, d]
+    # while the queries come one per beam [b*k, 1, h, d], sentence-major: the k beams of a
+    # sentence become k queries against its one copy ([b, k, h, d]), so the cross-attention
+    # cache is never tiled or reordered with the beams.
+    beams = 1
+    if cfg.decode and self.kind == "cross" and query.shape[0] != key.shape[0]:
+      beams, rest = divmod(query.shape[0], key.shape[0])
+      if rest or query.shape[1] != 1:
+        raise ValueError(
+            f"cross-attention cache of batch {key.shape[0]} cannot serve queries "
+            f"{query.shape[:2]}: expected [batch * beams, 1]"
+        )
+      query = query.reshape((key.shape[0], beams) + query.shape[2:])  # [b, k, h, d_k]
     dropout = not cfg.deterministic and cfg.attention_dropout_rate > 0.0
     impl = attention_implementation(
         cfg.attention_impl,
@@ -314,6 +327,8 @@ class MultiHeadAttention(nn.Module):
         self.sow("intermediates", "attention_weights", weights)
     else:
       out = fused_dot_product_attention(query, key, value, mask, implementation=impl)
+    if beams > 1:
+      out = out.reshape((out.shape[0] * beams, 1) + out.shape[2:])  # [b*k, 1, h, d_v]
     w_out = projection(
         "out",
         (cfg.num_heads, value_dim, cfg.d_model),
@@ -325,8 +340,10 @@ class MultiHeadAttention(nn.Module):
   def _append_to_cache(self, key, value):
     """Writes one step's key/value [b, 1, h, d] into the cache; returns the whole cache + mask.
 
-    The cache is created (zeros) by an `init` call whose decoder input has the full decoding
-    length, which fixes its shape [b, max_len, h, d].
+    The cache is created (zeros) by an `init` call whose decoder input length fixes its shape
+    [b, n, h, d]; a search may grow n between steps (decode.py decodes in blocks of cache
+    length, so attention only reads the part written so far, rounded up to the block). The
+    causal mask follows the cache's length.
     """
     is_initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
@@ -346,7 +363,10 @@ class MultiHeadAttention(nn.Module):
     return cached_key.value, cached_value.value, jnp.broadcast_to(mask, (batch, 1, 1, max_len))
 
   def _cross_attention_cache(self, project_kv):
-    """Encoder-decoder keys/values, projected once per sentence and then read from the cache."""
+    """Encoder-decoder keys/values, projected once per sentence and then read from the cache.
+
+    The cache keeps the batch size of the sentences [b, s, h, d] whatever the number of beams
+    that read it (see `__call__`)."""
     if project_kv is not None:
       key, value = project_kv()
       self.put_variable("cache", "cross_key", key)

@@ -8,11 +8,10 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 from absl import app, flags
 
-from transformer_jax import checkpoint, cli, translate
+from transformer_jax import cli
 
 
 def _define_flags():
@@ -22,13 +21,24 @@ def _define_flags():
 
 
 def average_workdir(workdir: str, num: int) -> list[int]:
-  """Writes the average of the last `num` checkpoints to workdir/averaged; returns their steps."""
-  _, _, trainer = translate.load_trainer(workdir)
-  manager = checkpoint.make_manager(workdir, keep=max(num, 1), save_every=1)
-  try:
-    params, steps = checkpoint.average_params(manager, trainer.abstract_state(), num)
-  finally:
-    manager.close()
+  """Writes the average of the last `num` checkpoints to workdir/averaged; returns their steps.
+
+  Reads the parameters of each checkpoint only (inference.restore_params), never the optimizer.
+  """
+  from transformer_jax import (  # heavy (JAX); keeps --help fast
+    checkpoint,
+    inference,
+    sharding,
+  )
+  from transformer_jax import config as config_lib
+  from transformer_jax.data import pipeline
+
+  config = inference.load_config(workdir)
+  tokenizer = pipeline.load_workdir_tokenizer(workdir)
+  model_config = config_lib.model_config(config, tokenizer.vocab_size)
+  mesh = sharding.make_mesh(config.mesh)
+  abstract = inference.abstract_params(model_config, sharding.replicated(mesh))
+  params, steps = inference.average_params(workdir, abstract, num)
   checkpoint.save_averaged(workdir, params, steps)
   return steps
 
@@ -37,15 +47,11 @@ def main(argv):
   args = cli.workdir_args(argv)
   if args.num < 1:
     raise app.UsageError(f"--num={args.num}: must be >= 1")
-  try:
-    steps = average_workdir(args.workdir, args.num)
-  except (FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+  steps = average_workdir(args.workdir, args.num)
   logging.info("averaged steps %s into %s/averaged", steps, args.workdir)
   return 0
 
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

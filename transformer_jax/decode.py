@@ -15,6 +15,17 @@ among the k best extensions of its step (it would have taken a beam slot), not a
 The loop stops once no alive hypothesis can beat the worst finished one, in every sentence.
 `beam_search_with_step_fn` is the search over any `step_fn(tokens, cache, position)`, so it can be
 tested against hand-made distributions; `beam_search` binds it to the Transformer.
+
+What makes it fast on a CPU (each measured, see benchmarks/decode.py):
+  * The encoder-decoder keys/values are one copy per sentence [b, s, h, d]: the k beams of a
+    sentence read it as k queries (attention.py), so it is never tiled to b*k rows nor
+    reordered with the beams. Only the self-attention cache, which differs between beams, is.
+  * The self-attention cache grows in blocks of `DEFAULT_BLOCK` positions (one while_loop per
+    block), so attention and the beam reordering touch the positions written so far, rounded up
+    to the block, not the maximum output length.
+  * The top 2k of k*v extensions is taken in two stages (per beam, then across beams): the same
+    result, ties included, without a top_k over k*v values per sentence.
+  * α is a traced argument (`Predictor`): trying several α compiles the search once.
 """
 
 from __future__ import annotations
@@ -25,14 +36,72 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.model import Transformer, TransformerConfig
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import TransformerConfig
+
+# Leaves of a layer's decoding cache that hold one copy per sentence (the encoder-decoder keys
+# and values, attention.py): never tiled to the beams, never reordered.
+SENTENCE_CACHE_KEYS = ("cross_key", "cross_value")
+# Self-attention keys/values [b, n, h, d]: the leaves a block of decoding steps grows along n.
+GROWING_CACHE_KEYS = ("cached_key", "cached_value")
+
+
+def split_cache(cache) -> tuple[dict, dict]:
+  """cache -> (per-row part, per-sentence part): the cross-attention keys/values go apart.
+
+  The per-row part (self-attention keys/values and write index) has one row per hypothesis and
+  is what a beam search reorders; the per-sentence part keeps batch b for the whole search.
+  """
+  flat = traverse_util.flatten_dict(cache)
+  sentence = {k: v for k, v in flat.items() if k[-1] in SENTENCE_CACHE_KEYS}
+  rows = {k: v for k, v in flat.items() if k[-1] not in SENTENCE_CACHE_KEYS}
+  return traverse_util.unflatten_dict(rows), traverse_util.unflatten_dict(sentence)
+
+
+def merge_cache(rows: dict, sentence: dict) -> dict:
+  """The inverse of `split_cache`."""
+  flat = traverse_util.flatten_dict(rows)
+  flat.update(traverse_util.flatten_dict(sentence))
+  return traverse_util.unflatten_dict(flat)
+
+
+def grow_cache(rows: dict, length: int) -> dict:
+  """Pads every self-attention key/value leaf [B, n, h, d] with zeros to [B, length, h, d].
+
+  The causal mask of a cached step follows the cache's length (attention.py), so the padded
+  positions are masked until written.
+  """
+  flat = traverse_util.flatten_dict(rows)
+  for key, x in flat.items():
+    if key[-1] in GROWING_CACHE_KEYS:
+      if x.shape[1] > length:
+        raise ValueError(f"cannot shrink the cache {key} from {x.shape[1]} to {length}")
+      flat[key] = jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+  return traverse_util.unflatten_dict(flat)
+
+
+def cache_block_ends(max_decode_len: int, block: int | None) -> tuple[int, ...]:
+  """The cache lengths a search decodes in: multiples of `block`, then `max_decode_len`.
+
+  Steps p < ends[0] run with a cache of length ends[0], then up to ends[1] with one of ends[1],
+  ...: attention reads (and a beam search reorders) at most `block - 1` unwritten positions,
+  not the whole maximum length. Each block is one `while_loop` in the compiled search, entered
+  only while some sentence is still being decoded. `block=None`: one block of the whole length.
+  """
+  if block is None or block >= max_decode_len:
+    return (max_decode_len,)
+  if block < 1:
+    raise ValueError(f"block={block} must be >= 1")
+  return tuple(range(block, max_decode_len, block)) + (max_decode_len,)
 
 
 @dataclasses.dataclass(frozen=True)
-class Decoder:
-  """Binds a model config to the three functions decoding needs. Pure; jit the caller."""
+class IncrementalDecoder:
+  """Binds a model config to the functions cached (one token a step) decoding needs. Pure; jit
+  the caller. (model.Decoder is the decoder stack; this runs the whole model step by step.)"""
 
   config: TransformerConfig
 
@@ -48,7 +117,7 @@ class Decoder:
     """Zeroed cache for a batch: self-attention [b, n, h, d] per layer,
     cross-attention [b, s, h, d].
 
-    Shapes come from tracing `init` (nothing is computed).
+    Shapes come from tracing `init` (nothing is computed). `grow_cache` lengthens it.
     """
     batch = inputs.shape[0]
     shapes = jax.eval_shape(
@@ -59,18 +128,21 @@ class Decoder:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
   def step(self, params, cache, encoded, inputs, tokens, position):
-    """One decoding step. tokens [b] (the previous output), position: int scalar.
+    """One decoding step. tokens [r] (the previous output), position: int scalar.
 
     `encoded` is passed on the first step (it fills the cross-attention cache) and None after.
-    Returns (log_probs [b, v] float32, new cache).
+    `inputs` [b, s] (for the source padding mask) and the cross-attention cache have one row
+    per sentence; `tokens` and the self-attention cache r = b * k rows, k per sentence
+    (sentence-major), which attend to their sentence's one copy of the encoder keys/values.
+    Returns (log_probs [r, v] float32, new cache).
     """
-    batch = tokens.shape[0]
+    rows = tokens.shape[0]
     logits, variables = self.model.apply(
         {"params": params, "cache": cache},
         encoded,
         inputs,
-        tokens[:, None],  # [b, 1]
-        jnp.full((batch, 1), position, jnp.int32),  # targets_positions
+        tokens[:, None],  # [r, 1]
+        jnp.full((rows, 1), position, jnp.int32),  # targets_positions
         method=Transformer.decode,
         mutable=["cache"],
     )
@@ -82,24 +154,81 @@ class Decoder:
     log_probs, cache = self.step(params, cache, encoded, inputs, tokens, position)
     return log_probs.at[:, (PAD_ID, BOS_ID)].set(-jnp.inf), cache
 
+  def start(self, params, inputs: jax.Array, cache_length: int):
+    """Encodes and runs the first step (reading BOS) once per sentence.
+
+    Returns (log_probs [b, v], per-row cache [b, ...] with self-attention length
+    `cache_length`, step_fn(tokens [r], rows, position) -> (log_probs [r, v], rows)) where
+    step_fn reads the per-sentence cross-attention cache, which it holds (never carried or
+    reordered by a search).
+    """
+    batch = inputs.shape[0]
+    encoded = self.encode(params, inputs)  # [b, s, e]
+    cache = self.init_cache(inputs, cache_length)
+    bos = jnp.full((batch,), BOS_ID, jnp.int32)
+    log_probs, cache = self.search_step(params, cache, encoded, inputs, bos, 0)  # [b, v]
+    rows, sentence = split_cache(cache)
+
+    def step_fn(tokens, rows, position):
+      log_probs, cache = self.search_step(
+          params, merge_cache(rows, sentence), None, inputs, tokens, position
+      )
+      return log_probs, split_cache(cache)[0]
+
+    return log_probs, rows, step_fn
+
 
 def max_decode_length(inputs: jax.Array, extra: int, max_len: int) -> int:
   """§6.1: maximum output length = input length + 50, within the positional table's range."""
   return min(inputs.shape[1] + extra, max_len)
 
 
+# Cache lengths grow in blocks of this many positions (`cache_block_ends`): measured on the
+# Multi30k model, see benchmarks/decode.py and docs.
+DEFAULT_BLOCK = 16
+
+
+def _run_in_blocks(ends, step_of, all_done, body, state, cache, grow):
+  """`while_loop(body)` over (state, cache) until every sentence is done or the last block ends.
+
+  Block j runs steps < ends[j] with a cache of length ends[j] (grown by `grow` on entry); a
+  block that ends early (everything done) skips the rest (`lax.cond`). Returns the final state.
+  """
+
+  def run(j, state, cache):
+    end = ends[j]
+    if j > 0:
+      cache = grow(cache, end)
+
+    def cond(carry):
+      return (step_of(carry[0]) < end) & ~all_done(carry[0])
+
+    state, cache = jax.lax.while_loop(cond, body, (state, cache))
+    if j + 1 == len(ends):
+      return state
+    return jax.lax.cond(
+        step_of(state) < end,  # stopped early: every sentence is done
+        lambda state, cache: state,
+        lambda state, cache: run(j + 1, state, cache),
+        state,
+        cache,
+    )
+
+  return run(0, state, cache)
+
+
 def greedy_search(
-    decoder: Decoder,
+    decoder: IncrementalDecoder,
     params,
     inputs: jax.Array,  # [b, s]
     max_decode_len: int,
-) -> jax.Array:
-  """Argmax decoding. Returns tokens [b, n]: each row ends with EOS (if produced) then PAD."""
+    block: int | None = DEFAULT_BLOCK,
+) -> tuple[jax.Array, jax.Array]:
+  """Argmax decoding. Returns (tokens [b, n], steps): each row ends with EOS (if produced) then
+  PAD; `steps` (int32) is the number of decoder steps run, the first one included."""
   batch = inputs.shape[0]
-  encoded = decoder.encode(params, inputs)
-  cache = decoder.init_cache(inputs, max_decode_len)
-  bos = jnp.full((batch,), BOS_ID, jnp.int32)
-  log_probs, cache = decoder.search_step(params, cache, encoded, inputs, bos, 0)
+  ends = cache_block_ends(max_decode_len, block)
+  log_probs, cache, step_fn = decoder.start(params, inputs, ends[0])
 
   def emit(log_probs, finished):
     token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [b]
@@ -108,18 +237,17 @@ def greedy_search(
   token, finished = emit(log_probs, jnp.zeros((batch,), bool))
   out = jnp.full((batch, max_decode_len), PAD_ID, jnp.int32).at[:, 0].set(token)
 
-  def cond(carry):
-    t, _, _, finished, _ = carry
-    return (t < max_decode_len) & ~jnp.all(finished)
-
   def body(carry):
-    t, token, cache, finished, out = carry
-    log_probs, cache = decoder.search_step(params, cache, None, inputs, token, t)
+    (t, token, finished, out), cache = carry
+    log_probs, cache = step_fn(token, cache, t)
     token, finished = emit(log_probs, finished)
-    return t + 1, token, cache, finished, out.at[:, t].set(token)
+    return (t + 1, token, finished, out.at[:, t].set(token)), cache
 
-  *_, out = jax.lax.while_loop(cond, body, (1, token, cache, finished, out))
-  return out
+  t, _, _, out = _run_in_blocks(
+      ends, lambda state: state[0], lambda state: jnp.all(state[2]), body,
+      (jnp.array(1, jnp.int32), token, finished, out), cache, grow_cache,
+  )  # fmt: skip
+  return out, t
 
 
 # ----------------------------------------------------------------------------- beam search
@@ -157,19 +285,41 @@ def _tile_beams(tree: Any, beam_size: int) -> Any:
 
 
 def _gather_beams(tree: Any, parents: jax.Array) -> Any:
-  """Every leaf [b*k, ...] -> the rows of the parent beams (parents [b, k], within a sentence)."""
+  """Every leaf [b*k, ...] -> the rows of the parent beams (parents [b, k], within a sentence).
+
+  One `take_along_axis` over [b, k, m] per leaf: on XLA:CPU as fast as any alternative measured
+  (advanced indexing; a one-hot [b, k, k] einsum was ~3x slower, selects by parent 1.4x).
+  """
   batch, beam = parents.shape
 
   def gather(x):
     if x.ndim == 0:  # cache_index: one write position for every row
       return x
-    x = x.reshape((batch, beam) + x.shape[1:])  # [b, k, ...]
-    return _take_beams(x, parents).reshape((batch * beam,) + x.shape[2:])  # [b*k, ...]
+    rows = x.reshape(batch, beam, -1)  # [b, k, m]
+    return jnp.take_along_axis(rows, parents[:, :, None], axis=1).reshape(x.shape)
 
   return jax.tree.map(gather, tree)
 
 
-def _grow(state: BeamState, log_probs: jax.Array, alpha: float) -> tuple[BeamState, jax.Array]:
+def _top_extensions(candidates: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
+  """The top `count` of candidates [b, k, v] over k*v: (values [b, count], flat index = beam*v +
+  token), exactly `top_k(candidates.reshape(b, k*v), count)`, ties included.
+
+  Two stages: each beam's top `count` over v, then the top `count` of those k*count. An
+  extension in the overall top `count` is in its own beam's, so nothing is lost; and top_k puts
+  the lower index first on ties in both stages, which is the flat order (beam, then token). On a
+  CPU this avoids one top_k over b rows of k*v (32k for beam 4 and an 8k vocabulary).
+  """
+  batch, beam, vocab = candidates.shape
+  if beam == 1 or count >= vocab:
+    return jax.lax.top_k(candidates.reshape(batch, beam * vocab), count)
+  values, tokens = jax.lax.top_k(candidates, count)  # [b, k, count]
+  top_values, position = jax.lax.top_k(values.reshape(batch, beam * count), count)  # [b, count]
+  token = jnp.take_along_axis(tokens.reshape(batch, beam * count), position, axis=1)
+  return top_values, (position // count) * vocab + token
+
+
+def _grow(state: BeamState, log_probs: jax.Array, alpha) -> tuple[BeamState, jax.Array]:
   """Extends every alive hypothesis by every token. log_probs [b, k, v] -> (state, parents [b, k]).
 
   The beam of this step is the top k of all k*v extensions. Those ending in EOS move to the
@@ -177,10 +327,10 @@ def _grow(state: BeamState, log_probs: jax.Array, alpha: float) -> tuple[BeamSta
   k best extensions that do not end in EOS, so it always holds k candidates. Taking the top 2k
   first suffices: at most k of them (one per parent) end in EOS.
   """
-  batch, beam, vocab = log_probs.shape
+  _, beam, vocab = log_probs.shape
   i = state.step
   candidates = state.alive_log_probs[:, :, None] + log_probs  # [b, k, v]
-  top_log_probs, top_index = jax.lax.top_k(candidates.reshape(batch, beam * vocab), 2 * beam)
+  top_log_probs, top_index = _top_extensions(candidates, 2 * beam)  # [b, 2k]
   parents = top_index // vocab  # [b, 2k]
   tokens = (top_index % vocab).astype(jnp.int32)  # [b, 2k]
   seqs = _take_beams(state.alive_seqs, parents).at[:, :, i].set(tokens)  # [b, 2k, n]
@@ -204,13 +354,14 @@ def _grow(state: BeamState, log_probs: jax.Array, alpha: float) -> tuple[BeamSta
   return new_state, alive_parents
 
 
-def _search_done(state: BeamState, max_decode_len: int, alpha: float) -> jax.Array:
+def _search_done(state: BeamState, max_decode_len: int, alpha) -> jax.Array:
   """[b] bool: no alive hypothesis can still beat the worst finished one.
 
   Log-probs only decrease as a hypothesis grows, so an alive one ends with a score of at most
   alive_log_prob / max lp over the lengths it can still reach: lp(max_decode_len) for α >= 0
   (lp grows with length), lp(step + 1) for α < 0. While fewer than k hypotheses have finished the
-  worst finished score is -inf and the sentence is not done.
+  worst finished score is -inf and the sentence is not done. Once done, a sentence stays done
+  and its finished set no longer changes (a later hypothesis scores at most that bound).
   """
   longest = jnp.where(alpha >= 0, max_decode_len, state.step + 1)  # alpha may be traced
   best_alive = state.alive_log_probs[:, 0] / length_penalty(longest, alpha)  # [b]
@@ -223,20 +374,29 @@ def beam_search_with_step_fn(
     cache: Any,
     max_decode_len: int,
     beam_size: int = 4,
-    alpha: float = 0.6,
-) -> tuple[jax.Array, jax.Array]:
+    alpha: float | jax.Array = 0.6,
+    *,
+    cache_ends: tuple[int, ...] | None = None,
+    grow: Callable | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search over `step_fn(tokens [b*k], cache, position) -> (log_probs [b*k, v], cache)`.
 
   `first_log_probs` is the distribution of the first token (the step that read BOS, run once per
-  sentence) and `cache` the state after it, with batch b: it is tiled to b*k rows here, once, and
-  after every step the rows of the surviving parent beams are gathered (every leaf with a batch
-  axis; scalar leaves are shared by all rows and kept). At `position` p, `tokens` are the tokens
-  chosen at p - 1. Beam rows are sentence-major: row r is sentence r // k, beam r % k.
+  sentence) and `cache` the per-beam state after it, with batch b: it is tiled to b*k rows here,
+  once, and after every step the rows of the surviving parent beams are gathered (every leaf with
+  a batch axis; scalar leaves are shared by all rows and kept). State that is the same for every
+  beam of a sentence (the encoder-decoder keys/values) belongs in `step_fn`'s closure, not here.
+  At `position` p, `tokens` are the tokens chosen at p - 1. Beam rows are sentence-major: row r
+  is sentence r // k, beam r % k.
 
-  Returns (tokens [b, k, n], scores [b, k]), best first, score = log P(Y) / lp(Y). Tokens end with
-  EOS then PAD. A sentence with no finished hypothesis after `max_decode_len` tokens returns its
-  alive ones instead (no EOS, scored with |Y| = n); slots left empty have score -inf, all PAD.
-  The loop stops early once, for every sentence, no alive hypothesis can beat the worst finished.
+  `cache_ends` (default: one block, `(max_decode_len,)`) with `grow(cache, length)`: decode in
+  blocks of cache length (`cache_block_ends`); `cache` comes in at length cache_ends[0].
+
+  Returns (tokens [b, k, n], scores [b, k], steps), best first, score = log P(Y) / lp(Y); steps
+  (int32) counts the calls of `step_fn` plus the first step. Tokens end with EOS then PAD. A
+  sentence with no finished hypothesis after `max_decode_len` tokens returns its alive ones
+  instead (no EOS, scored with |Y| = n); slots left empty have score -inf, all PAD. The loop
+  stops early once, for every sentence, no alive hypothesis can beat the worst finished.
   """
   batch, vocab = first_log_probs.shape
   if beam_size < 1:
@@ -245,6 +405,9 @@ def beam_search_with_step_fn(
     raise ValueError(f"max_decode_len={max_decode_len} must be >= 1")
   if vocab < 2:
     raise ValueError(f"the vocabulary must have at least 2 tokens, got {vocab}")
+  cache_ends = cache_ends or (max_decode_len,)
+  if cache_ends[-1] != max_decode_len or (len(cache_ends) > 1 and grow is None):
+    raise ValueError(f"cache_ends={cache_ends} must end at {max_decode_len}, with a grow function")
   k, n = beam_size, max_decode_len
   empty_seqs = jnp.full((batch, k, n), PAD_ID, jnp.int32)
   state = BeamState(
@@ -259,10 +422,6 @@ def beam_search_with_step_fn(
   state, _ = _grow(state, first, alpha)  # every row of a sentence is the same: no gather needed
   cache = _tile_beams(cache, k)  # [b, ...] -> [b*k, ...], once
 
-  def cond(carry):
-    state, _ = carry
-    return (state.step < n) & ~jnp.all(_search_done(state, n, alpha))
-
   def body(carry):
     state, cache = carry
     tokens = state.alive_seqs[:, :, state.step - 1].reshape(batch * k)  # [b*k]
@@ -270,42 +429,93 @@ def beam_search_with_step_fn(
     state, parents = _grow(state, log_probs.astype(jnp.float32).reshape(batch, k, vocab), alpha)
     return state, _gather_beams(cache, parents)
 
-  state, _ = jax.lax.while_loop(cond, body, (state, cache))
+  state = _run_in_blocks(
+      cache_ends, lambda state: state.step, lambda state: jnp.all(_search_done(state, n, alpha)),
+      body, state, cache, grow,
+  )  # fmt: skip
 
   any_finished = state.finished_scores[:, 0] > -jnp.inf  # [b]
   alive_scores = state.alive_log_probs / length_penalty(state.step, alpha)  # [b, k], |Y| = step
   scores = jnp.where(any_finished[:, None], state.finished_scores, alive_scores)  # [b, k]
   tokens = jnp.where(any_finished[:, None, None], state.finished_seqs, state.alive_seqs)
   tokens = jnp.where((scores > -jnp.inf)[:, :, None], tokens, PAD_ID)  # [b, k, n]
-  return tokens, scores
+  return tokens, scores, state.step
 
 
 def beam_search(
-    decoder: Decoder,
+    decoder: IncrementalDecoder,
     params,
     inputs: jax.Array,  # [b, s]
     max_decode_len: int,
     beam_size: int = 4,
-    alpha: float = 0.6,
-) -> tuple[jax.Array, jax.Array]:
-  """§6.1 beam search. Returns (tokens [b, k, n], scores [b, k]), best first.
+    alpha: float | jax.Array = 0.6,
+    block: int | None = DEFAULT_BLOCK,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """§6.1 beam search. Returns (tokens [b, k, n], scores [b, k], steps), best first.
 
   The encoder and the first decoder step (which projects the encoder-decoder keys/values into the
-  cache) run once per sentence; only then is the cache tiled to b*k rows.
+  cache) run once per sentence. Only the self-attention cache is then tiled to b*k rows and
+  reordered with the beams; the encoder-decoder keys/values stay [b, s, h, d], one copy that the
+  k beams of a sentence read (attention.py).
   """
-  batch = inputs.shape[0]
-  encoded = decoder.encode(params, inputs)  # [b, s, e]
-  cache = decoder.init_cache(inputs, max_decode_len)
-  bos = jnp.full((batch,), BOS_ID, jnp.int32)
-  first_log_probs, cache = decoder.search_step(params, cache, encoded, inputs, bos, 0)  # [b, v]
-  beam_inputs = jnp.repeat(inputs, beam_size, axis=0)  # [b*k, s], for the cross-attention mask
-
-  def step_fn(tokens, cache, position):
-    return decoder.search_step(params, cache, None, beam_inputs, tokens, position)
-
+  ends = cache_block_ends(max_decode_len, block)
+  first_log_probs, rows, step_fn = decoder.start(params, inputs, ends[0])  # [b, v]
   return beam_search_with_step_fn(
-      step_fn, first_log_probs, cache, max_decode_len, beam_size, alpha
-  )
+      step_fn, first_log_probs, rows, max_decode_len, beam_size, alpha,
+      cache_ends=ends, grow=grow_cache,
+  )  # fmt: skip
+
+
+class Predictor:
+  """(params, inputs [b, s]) -> tokens [b, n], EOS then PAD: the best translation of each row.
+
+  beam_size 1 is greedy search; otherwise beam search (§6.1: beam 4, α = 0.6) and its best
+  hypothesis. One jitted function serves every α (a traced argument) and beam size (static):
+  it compiles once per (input shape, beam size), so trying several α (tune_decoding) does not
+  recompile. `traces` counts how often it was traced (= compiled, without a persistent cache).
+  """
+
+  def __init__(
+      self,
+      config: TransformerConfig,
+      max_decode_extra: int,
+      beam_size: int = 1,
+      alpha: float = 0.6,
+      block: int | None = DEFAULT_BLOCK,
+  ):
+    _check_beam_size(beam_size)
+    self.config, self.max_decode_extra = config, max_decode_extra
+    self.beam_size, self.alpha, self.block = beam_size, alpha, block
+    self.decoder = IncrementalDecoder(config)
+    self.traces = 0
+    self._search = jax.jit(self._search_impl, static_argnames=("beam_size",))
+
+  def _search_impl(self, params, inputs, alpha, beam_size):
+    self.traces += 1
+    n = max_decode_length(inputs, self.max_decode_extra, self.config.max_len)
+    if beam_size == 1:
+      return greedy_search(self.decoder, params, inputs, n, self.block)
+    tokens, _, steps = beam_search(self.decoder, params, inputs, n, beam_size, alpha, self.block)
+    return tokens[:, 0], steps  # [b, n], the best hypothesis
+
+  def search(self, params, inputs, alpha=None, beam_size=None) -> tuple[jax.Array, jax.Array]:
+    """(tokens [b, n], steps): also the number of decoder steps run (int32 scalar)."""
+    beam_size = self.beam_size if beam_size is None else beam_size
+    _check_beam_size(beam_size)
+    alpha = self.alpha if alpha is None else alpha
+    return self._search(params, inputs, jnp.float32(alpha), beam_size=beam_size)
+
+  def __call__(self, params, inputs, alpha=None, beam_size=None) -> jax.Array:
+    return self.search(params, inputs, alpha, beam_size)[0]
+
+  def _cache_size(self) -> int:
+    """Compiled programs held (one per input shape and beam size)."""
+    return self._search._cache_size()
+
+
+def _check_beam_size(beam_size: int):
+  if beam_size < 1:
+    raise ValueError(f"beam_size={beam_size} must be >= 1 (1 = greedy search)")
 
 
 def make_predict_fn(
@@ -313,22 +523,6 @@ def make_predict_fn(
     max_decode_extra: int,
     beam_size: int = 1,
     alpha: float = 0.6,
-) -> Callable:
-  """(params, inputs [b, s]) -> tokens [b, n], EOS then PAD; jit compiles once per input shape.
-
-  beam_size 1 is greedy search; otherwise beam search (§6.1: beam 4, α = 0.6) and its best
-  hypothesis.
-  """
-  if beam_size < 1:
-    raise ValueError(f"beam_size={beam_size} must be >= 1 (1 = greedy search)")
-  decoder = Decoder(config)
-
-  @jax.jit
-  def predict(params, inputs):
-    n = max_decode_length(inputs, max_decode_extra, config.max_len)
-    if beam_size == 1:
-      return greedy_search(decoder, params, inputs, n)
-    tokens, _ = beam_search(decoder, params, inputs, n, beam_size, alpha)
-    return tokens[:, 0]  # [b, n], the best hypothesis
-
-  return predict
+) -> Predictor:
+  """A `Predictor`: (params, inputs [b, s]) -> tokens [b, n]; compiles once per input shape."""
+  return Predictor(config, max_decode_extra, beam_size, alpha)

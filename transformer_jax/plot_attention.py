@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from transformer_jax import cli, plot
+from transformer_jax import cli, errors, plot
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
 from transformer_jax.model import Transformer
 
@@ -36,7 +36,7 @@ def _define_flags():
   flags.DEFINE_string("workdir", None, "The training run's --workdir.")
   flags.DEFINE_string("sentence", None, "The source sentence to translate and show.")
   flags.DEFINE_integer("layer", -1, "Which layer (0-based; negative counts from the top).")
-  flags.DEFINE_string("checkpoint", "auto", "Which parameters (see translate.load_run).")
+  flags.DEFINE_string("checkpoint", "auto", "Which parameters (see inference.load_run).")
   flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's).")
   flags.DEFINE_string("output", "", "PNG to write; default: WORKDIR/attention.png.")
 
@@ -98,20 +98,22 @@ def figure_for_sentence(
     output: str = "",
 ) -> dict:
   """Translates `sentence` with the run in `workdir` and draws one layer's attention."""
-  from transformer_jax import translate  # heavy; keeps --help fast
+  from transformer_jax import inference  # heavy; keeps --help fast
 
   if not sentence.strip():
-    raise ValueError("--sentence is empty: give the source sentence to translate")
-  run = translate.load_run(workdir, which, beam_size=beam_size)
-  layers = run.trainer.model_config.num_layers
-  if not (run.trainer.model_config.decoder_layers == layers and -layers <= layer < layers):
-    raise ValueError(f"--layer={layer}: the model has {layers} layers (0..{layers - 1}, or -1)")
+    raise errors.UserError("--sentence is empty: give the source sentence to translate")
+  run = inference.load_run(workdir, which, beam_size=beam_size)
+  layers = run.model_config.num_layers
+  if not (run.model_config.decoder_layers == layers and -layers <= layer < layers):
+    raise errors.UserError(
+        f"--layer={layer}: the model has {layers} layers (0..{layers - 1}, or -1)"
+    )
   layer %= layers
-  translation = translate.translate_lines(run, [sentence])[0]
+  translation = run.translate_lines([sentence])[0]
   limit = run.config.data.max_len - 1
   source_ids = run.tokenizer.encode(sentence.strip())[:limit] + [EOS_ID]
   output_ids = run.tokenizer.encode(translation)[:limit] + [EOS_ID]
-  maps = attention_weights(run.trainer.model_config, run.params, source_ids, output_ids)
+  maps = attention_weights(run.model_config, run.params, source_ids, output_ids)
   labels = {
       "source": token_labels(run.tokenizer, source_ids),
       "output": token_labels(run.tokenizer, output_ids),
@@ -131,11 +133,11 @@ def main(argv):
     result = figure_for_sentence(
         args.workdir, args.sentence, args.layer, args.checkpoint, args.beam_size, args.output
     )
-  except (FileNotFoundError, ValueError, ImportError) as e:
-    raise app.UsageError(str(e)) from None
+  except ImportError as e:  # matplotlib missing: plot.pyplot says what to install
+    raise errors.UserError(str(e)) from None
   print(json.dumps(result, ensure_ascii=False))
 
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

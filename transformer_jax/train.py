@@ -28,10 +28,18 @@ import numpy as np
 import optax
 import tqdm
 
-from transformer_jax import checkpoint, distributed, losses, optim, preemption, sharding, xla_flags
+from transformer_jax import (
+  checkpoint,
+  distributed,
+  errors,
+  losses,
+  optim,
+  preemption,
+  sharding,
+  xla_flags,
+)
 from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
-from transformer_jax import errors
 from transformer_jax import evaluate as evaluate_lib
 from transformer_jax.data import batching, pipeline
 from transformer_jax.model import Transformer

@@ -1,130 +1,81 @@
 """Translate with a trained run: one line in, one line out, in order.
 
   python -m transformer_jax.translate --workdir DIR [--checkpoint auto|STEP|latest|avg]
-      [--beam_size 4] [--alpha 0.6] < input.txt > output.txt
+      [--beam_size 4] [--alpha 0.6] [--batch_tokens 2048] < input.txt > output.txt
   python -m transformer_jax.translate --workdir DIR --input in.txt --output out.txt
 
-Sentences are grouped by length internally (few compiled shapes, little padding) and written back
-in input order. An empty line gives an empty line; a line longer than the run's maximum length is
-truncated with a warning naming the line.
+The input is read in chunks of --chunk_lines lines (a large file is never held whole); within a
+chunk sentences are sorted by length and batched by tokens (inference.py), and each chunk is
+written back in input order before the next is read. An empty line gives an empty line; a line
+longer than the run's maximum length is truncated with a warning naming the line; a line that is
+not UTF-8 stops the program with an error naming the file and line. At the end the speed
+(sentences/s) goes to stderr.
+
+Compiled searches are kept in JAX's persistent compilation cache (--compilation_cache, by
+default a directory in the user's cache), so a second call with the same model shape loads
+them instead of compiling: it starts in seconds.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import sys
+import time
+from collections.abc import Iterable, Iterator
 
-import jax
-import ml_collections
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import checkpoint, cli, xla_flags
-from transformer_jax import config as config_lib
-from transformer_jax.data import pipeline
-from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax import cli, errors
 
-
-@dataclasses.dataclass
-class LoadedRun:
-  config: ml_collections.ConfigDict
-  tokenizer: Tokenizer
-  trainer: object  # transformer_jax.train.Trainer
-  params: object
-  checkpoint: str  # which parameters: "step N" or "average of steps [...]"
+# What translate_lines and load_run were here before they moved to the library (inference.py).
+__all__ = ["default_compilation_cache", "load_run", "read_lines", "translate_lines"]
 
 
-def load_trainer(workdir: str, beam_size=None, alpha=None):
-  """(config, tokenizer, Trainer) of the run in `workdir`, laid out on this machine's devices."""
-  from transformer_jax import train  # heavy; keeps `--help` fast
-
-  config_path = os.path.join(workdir, "config.json")
-  if not os.path.exists(config_path):
-    raise FileNotFoundError(f"{workdir} has no config.json: is it the --workdir of a training run?")
-  with open(config_path) as f:
-    saved = json.load(f)
-  # On top of today's defaults, older key layouts mapped, so a run saved before a change loads.
-  config = config_lib.from_saved(saved)
-  config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
-  if beam_size is not None:
-    config.eval.beam_size = beam_size
-  if alpha is not None:
-    config.eval.alpha = alpha
-  config_lib.validate(config)
-  xla_flags.apply(config.xla_flags)  # no-op once JAX has started (e.g. after training in-process)
-  tokenizer = pipeline.load_workdir_tokenizer(workdir)
-  model_config = config_lib.model_config(config, tokenizer.vocab_size)
-  return config, tokenizer, train.Trainer(config, model_config)
+def default_compilation_cache() -> str:
+  """$XDG_CACHE_HOME (or ~/.cache)/transformer_jax/compilation: shared by every run of a model
+  shape, and writable even where the workdir is not."""
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "transformer_jax", "compilation")
 
 
-def averaged_steps(workdir: str) -> list[int] | None:
-  """The steps `workdir`'s averaged checkpoint (§6.1) was made from, or None if it has none."""
-  path = os.path.join(workdir, checkpoint.AVERAGED_DIR, "steps.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)["steps"]
+def load_run(workdir: str, which: str = "auto", beam_size=None, alpha=None):
+  """`inference.load_run`: config, vocabulary and parameters of the run in `workdir`."""
+  from transformer_jax import inference  # heavy (JAX); keeps --help fast
+
+  return inference.load_run(workdir, which, beam_size, alpha)
 
 
-def load_run(workdir: str, which: str = "auto", beam_size=None, alpha=None) -> LoadedRun:
-  """Config, vocabulary and parameters of the training run in `workdir`.
+def translate_lines(run, lines: list[str], **kwargs) -> list[str]:
+  """`run.translate_lines`: translations in order; empty lines stay empty."""
+  return run.translate_lines(lines, **kwargs)
 
-  `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto": what the
-  run's final evaluation used, i.e. the average when the run averages (train.average_last) and
-  the average includes the latest checkpoint, else the latest checkpoint.
+
+def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
+  """The lines of a binary stream as text, without their line ends ("\\n" or "\\r\\n").
+
+  A line that is not UTF-8 raises errors.UserError naming `name` and the line number.
   """
-  if which not in ("auto", "latest", "avg") and not which.isdigit():
-    raise ValueError(f"--checkpoint={which!r}: expected a step number, 'latest', 'avg' or 'auto'")
-  config, tokenizer, trainer = load_trainer(workdir, beam_size, alpha)
-  abstract = trainer.abstract_state()
-  with checkpoint.make_manager(workdir, keep=1, save_every=1) as manager:
-    steps = manager.all_steps()
-    if which == "auto":
-      averaged = averaged_steps(workdir)
-      current = bool(averaged) and bool(steps) and max(averaged) == max(steps)
-      which = "avg" if config.train.average_last and current else "latest"
-    if which == "avg":
-      params = checkpoint.load_averaged(workdir, abstract.params)
-      label = f"average of steps {averaged_steps(workdir)}"
-    else:
-      if not steps:
-        raise FileNotFoundError(
-            f"{workdir} has no checkpoint yet (checkpoints/ is empty): train first, or pass the "
-            "--workdir of a run that has saved one"
-        )
-      step = max(steps) if which == "latest" else int(which)
-      if step not in steps:
-        raise ValueError(f"--checkpoint={which}: {workdir} holds steps {sorted(steps)}")
-      params = checkpoint.restore(manager, abstract, step)[0].params
-      label = f"step {step}"
-  return LoadedRun(config, tokenizer, trainer, params, label)
+  for number, raw in enumerate(stream, start=1):
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise errors.UserError(
+          f"{name} line {number} is not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+          f"{e.start + 1}: {e.reason}); convert the input to UTF-8, e.g. with iconv"
+      ) from None
+    yield line.rstrip("\n").rstrip("\r")
 
 
-def translate_lines(run: LoadedRun, lines: list[str]) -> list[str]:
-  """Translates each line; empty lines stay empty; over-long lines are truncated with a warning."""
-  limit = run.config.data.max_len - 1  # room for EOS
-  examples, where = [], []
-  for number, line in enumerate(lines, start=1):
-    text = line.strip()
-    if not text:
-      continue
-    ids = run.tokenizer.encode(text)
-    if len(ids) > limit:
-      logging.warning(
-          "line %d has %d tokens; the model was trained on at most %d: translating its first %d",
-          number, len(ids), limit, limit,
-      )
-      ids = ids[:limit]
-    examples.append((ids, []))
-    where.append(number - 1)
-  out = [""] * len(lines)
-  if examples:
-    buckets = pipeline.eval_bucket_lengths(run.config.data)
-    for i, hyp in zip(where, run.trainer.translate(run.params, examples, buckets, run.tokenizer)):
-      out[i] = hyp
-  return out
+def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+  chunk = []
+  for line in lines:
+    chunk.append(line)
+    if len(chunk) == size:
+      yield chunk
+      chunk = []
+  if chunk:
+    yield chunk
 
 
 def _define_flags():
@@ -138,34 +89,74 @@ def _define_flags():
   flags.DEFINE_float("alpha", None, "Length penalty α; default: the run's.")
   flags.DEFINE_string("input", None, "Input file (default: standard input).")
   flags.DEFINE_string("output", None, "Output file (default: standard output).")
+  flags.DEFINE_integer(
+      "batch_tokens", None, "Source tokens per batch (rows = batch_tokens // padded length); "
+      "default: inference.DEFAULT_BATCH_TOKENS."
+  )
+  flags.DEFINE_integer(
+      "chunk_lines", 20_000, "Lines read, translated and written at a time (memory bound)."
+  )
+  flags.DEFINE_string(
+      "compilation_cache", default_compilation_cache(),
+      "JAX persistent compilation cache directory; empty to turn it off.",
+  )
 
 
 def main(argv):
+  start = time.perf_counter()
   args = cli.workdir_args(argv)
-  try:
-    run = load_run(args.workdir, args.checkpoint, args.beam_size, args.alpha)
-  except (FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+  if args.chunk_lines < 1:
+    raise errors.UserError(f"--chunk_lines={args.chunk_lines}: must be >= 1")
+  if args.batch_tokens is not None and args.batch_tokens < 1:
+    raise errors.UserError(f"--batch_tokens={args.batch_tokens}: must be >= 1")
+  from transformer_jax import inference  # heavy (JAX); keeps --help fast
+
+  cache = inference.enable_compilation_cache(args.compilation_cache)
+  run = inference.load_run(args.workdir, args.checkpoint, args.beam_size, args.alpha)
+  import jax
+
+  logging.info(
+      "translating with %s (%s, α %g); compilation cache: %s", run.checkpoint,
+      "greedy" if run.beam_size == 1 else f"beam {run.beam_size}", run.alpha, cache or "off",
+  )  # fmt: skip
   if args.input:
-    with open(args.input, encoding="utf-8") as f:
-      lines = f.read().splitlines()
+    try:
+      source = open(args.input, "rb")  # noqa: SIM115 - closed below
+    except OSError as e:
+      raise errors.UserError(f"--input={args.input}: {e.strerror}") from None
+    name = args.input
   else:
-    lines = sys.stdin.read().splitlines()
-  logging.info("translating %d lines with %s (%s)", len(lines), run.checkpoint,
-               "greedy" if run.config.eval.beam_size == 1 else f"beam {run.config.eval.beam_size}")
-  hypotheses = translate_lines(run, lines)
-  if jax.process_index() != 0:
-    return 0
-  text = "".join(h + "\n" for h in hypotheses)
-  if args.output:
-    with open(args.output, "w", encoding="utf-8") as f:
-      f.write(text)
-  else:
-    sys.stdout.write(text)
+    source, name = sys.stdin.buffer, "standard input"
+  writer = jax.process_index() == 0
+  target = open(args.output, "w", encoding="utf-8") if args.output and writer else sys.stdout  # noqa: SIM115
+  lines = sentences = 0
+  decode_seconds = 0.0
+  try:
+    for chunk in _chunks(read_lines(source, name), args.chunk_lines):
+      chunk_start = time.perf_counter()
+      hypotheses = run.translate_lines(chunk, batch_tokens=args.batch_tokens)
+      decode_seconds += time.perf_counter() - chunk_start
+      lines += len(chunk)
+      sentences += sum(1 for line in chunk if line.strip())
+      if writer:
+        target.write("".join(h + "\n" for h in hypotheses))
+        target.flush()
+  finally:
+    if source is not sys.stdin.buffer:
+      source.close()
+    if target is not sys.stdout:
+      target.close()
+  wall = time.perf_counter() - start
+  print(
+      f"translated {lines} lines ({sentences} sentences) in {wall:.1f} s: "
+      f"{sentences / max(decode_seconds, 1e-9):.1f} sentences/s translating "
+      f"({decode_seconds:.1f} s, compilation included), {sentences / max(wall, 1e-9):.1f} "
+      "sentences/s from start to end",
+      file=sys.stderr,
+  )
   return 0
 
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

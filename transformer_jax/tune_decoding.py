@@ -17,12 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import cli, evaluate, translate
-from transformer_jax.data import pipeline
+from transformer_jax import cli, errors, evaluate
 
 
 def _define_flags():
@@ -32,7 +30,7 @@ def _define_flags():
   flags.DEFINE_string(
       "beam_sizes", "", "Comma-separated beam sizes to try; default: the run's (eval.beam_size)."
   )
-  flags.DEFINE_string("checkpoint", "auto", "Which parameters (see translate.load_run).")
+  flags.DEFINE_string("checkpoint", "auto", "Which parameters (see inference.load_run).")
 
 
 def _score(hypotheses: list[str], references: list[str]) -> dict:
@@ -45,30 +43,27 @@ def tune(
 ) -> dict:
   """Validation BLEU for each (beam size, α), the best pair, and the test scores decoded with it.
 
-  `beam_sizes` None or empty: the run's own `eval.beam_size` only.
+  `beam_sizes` None or empty: the run's own `eval.beam_size` only. The run is loaded once; α is
+  an argument of its compiled search, so the search compiles once per (batch shape, beam size)
+  however many α are tried (`search_compilations` in the result).
   """
-  if not alphas:
-    raise ValueError("no α to try: --alphas is empty")
-  if any(a < 0 for a in alphas):
-    raise ValueError(f"--alphas={alphas}: a length penalty must be >= 0")
-  if beam_sizes and any(k < 1 for k in beam_sizes):
-    raise ValueError(f"--beam_sizes={beam_sizes}: a beam size must be >= 1")
-  beams = list(beam_sizes) if beam_sizes else [None]
-  first = translate.load_run(workdir, which, beam_size=beams[0], alpha=alphas[0])
-  dataset = pipeline.load_dataset(first.config, workdir)  # reuses the run's vocabulary
-  buckets = dataset.eval_bucket_lengths(first.config.data)
-  valid, test = dataset.splits["eval"], dataset.splits["test"]
-  lang = first.config.data.target_lang
-  beams = [k or first.config.eval.beam_size for k in beams]
+  from transformer_jax import inference  # heavy (JAX); keeps --help fast
+  from transformer_jax.data import pipeline
 
-  # One loaded run per (beam, α): its compiled search is reused for test.
-  runs = {(beams[0], alphas[0]): first}
+  if not alphas:
+    raise errors.UserError("no α to try: --alphas is empty")
+  if any(a < 0 for a in alphas):
+    raise errors.UserError(f"--alphas={alphas}: a length penalty must be >= 0")
+  if beam_sizes and any(k < 1 for k in beam_sizes):
+    raise errors.UserError(f"--beam_sizes={beam_sizes}: a beam size must be >= 1")
+  run = inference.load_run(workdir, which)
+  dataset = pipeline.load_dataset(run.config, workdir)  # reuses the run's vocabulary
+  valid, test = dataset.splits["eval"], dataset.splits["test"]
+  lang = run.config.data.target_lang
+  beams = list(beam_sizes) if beam_sizes else [run.beam_size]
 
   def decode(beam, alpha, split):
-    if (beam, alpha) not in runs:
-      runs[beam, alpha] = translate.load_run(workdir, which, beam, alpha)
-    run = runs[beam, alpha]
-    return run.trainer.translate(run.params, split.examples, buckets, run.tokenizer)
+    return run.translate_ids([s for s, _ in split.examples], beam_size=beam, alpha=alpha)
 
   sweep = []
   for beam in beams:
@@ -82,9 +77,11 @@ def tune(
   hypotheses = decode(best["beam_size"], best["alpha"], test)
   references = [t for _, t in test.pairs]
   test_scores = _score(hypotheses, references)
+  logging.info("the search compiled %d times (%d α values, beam sizes %s)",
+               run.predictor.traces, len(alphas), beams)
   result = {
       "workdir": workdir,
-      "parameters": first.checkpoint,
+      "parameters": run.checkpoint,
       "sweep": sweep,
       "best_beam_size": best["beam_size"],
       "best_alpha": best["alpha"],
@@ -95,6 +92,7 @@ def tune(
           evaluate.tokenized_bleu(hypotheses, references, lang, lowercase=True).score
       ),
       "test_sentences": len(references),
+      "search_compilations": run.predictor.traces,
   }
   with open(os.path.join(workdir, "test_translations.tuned.txt"), "w", encoding="utf-8") as f:
     f.writelines(h + "\n" for h in hypotheses)
@@ -107,28 +105,19 @@ def _parse_list(name: str, text: str, kind: type) -> list:
   try:
     return [kind(x) for x in text.split(",") if x.strip()]
   except ValueError:
-    raise ValueError(
+    raise errors.UserError(
         f"--{name}={text!r} is not a comma-separated list of {kind.__name__} values"
     ) from None
 
 
 def main(argv):
   args = cli.workdir_args(argv)
-  try:
-    alphas = _parse_list("alphas", args.alphas, float)
-    beam_sizes = _parse_list("beam_sizes", args.beam_sizes, int)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  try:
-    result = tune(args.workdir, alphas, beam_sizes, args.checkpoint)
-  except (FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  print(json.dumps(result))
+  alphas = _parse_list("alphas", args.alphas, float)
+  beam_sizes = _parse_list("beam_sizes", args.beam_sizes, int)
+  print(json.dumps(tune(args.workdir, alphas, beam_sizes, args.checkpoint)))
   return 0
 
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -7,7 +7,7 @@ the same data opens it in a second, reading only the pages its batches touch:
     cache_dir/
       <source>-<vocab key>/          one vocabulary and everything encoded with it
         vocab.model                  the joint SentencePiece model (§3.4, §5.1)
-        manifest.json                what the key was made of: source fingerprint, vocabulary settings
+        manifest.json                what the key was made of: source fingerprint, vocab settings
         <split>-<split key>/         one split, e.g. train-3f2a..., validation-91c0...
           manifest.json              key inputs, counts, the vocabulary's sha256
           source.npy  source_offsets.npy    [T] int32 ids (no EOS/BOS), [N + 1] int64 starts

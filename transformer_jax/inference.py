@@ -1,0 +1,363 @@
+"""A trained run, loaded for inference: its config, vocabulary and parameters, and translation.
+
+  run = inference.load_run(workdir)            # "auto"; or "latest", "avg", a step number
+  run.translate_lines(["A man rides a bike."])  # -> ["Ein Mann fährt Fahrrad."]
+
+Only the parameters are read from a checkpoint (an Orbax partial restore of `state/params`): no
+optimizer state, no optimizer, no train step. Translation sorts sentences by length, cuts them
+into batches of about `batch_tokens` source tokens padded to a few bucket lengths (one compiled
+search per bucket), decodes them with `decode.Predictor`, and returns them in input order.
+Decoding settings (beam size, α) can be changed per call without reloading or recompiling for α.
+
+This module is library code; the commands that use it are translate, tune_decoding, average,
+plot_attention and benchmarks/decode.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from transformer_jax import checkpoint, decode, errors, sharding, xla_flags
+from transformer_jax import config as config_lib
+from transformer_jax.data import pipeline
+from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import TransformerConfig
+
+CHECKPOINT_CHOICES = "a step number, 'latest', 'avg' or 'auto'"
+# Source tokens per translation batch (rows = batch_tokens // bucket length): measured on the
+# Multi30k model on a 2-core CPU, see benchmarks/decode.py.
+DEFAULT_BATCH_TOKENS = 2048
+
+
+def load_config(workdir: str, beam_size: int | None = None, alpha: float | None = None):
+  """The run's saved config (on top of today's defaults, so an older run still loads), set up to
+  decode on this machine's devices: batch split over all of them, parameters replicated."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise errors.UserError(
+        f"{workdir} has no config.json: is it the --workdir of a training run?"
+    )
+  with open(path) as f:
+    saved = json.load(f)
+  # On top of today's defaults, older key layouts mapped, so a run saved before a change loads.
+  config = config_lib.from_saved(saved)
+  config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  if beam_size is not None:
+    config.eval.beam_size = beam_size
+  if alpha is not None:
+    config.eval.alpha = alpha
+  config_lib.validate(config)
+  xla_flags.apply(config.xla_flags)  # no-op once JAX has started (e.g. after training in-process)
+  return config
+
+
+def abstract_params(model_config: TransformerConfig, param_sharding) -> Any:
+  """ShapeDtypeStructs of the model's parameters (nothing computed), laid out by
+  `param_sharding`."""
+  dummy = jnp.zeros((1, 8), jnp.int32)
+  shapes = jax.eval_shape(
+      lambda: nn.unbox(Transformer(model_config).init(jax.random.PRNGKey(0), dummy, dummy))[
+          "params"
+      ]
+  )
+  return jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=param_sharding), shapes
+  )
+
+
+def restore_params(workdir: str, step: int, abstract: Any) -> Any:
+  """The parameters of checkpoint `step`, and nothing else of it (Orbax partial restore of the
+  `params` subtree of the saved train state: the Adam moments are never read)."""
+  path = os.path.join(os.path.abspath(workdir), "checkpoints", str(step), "state")
+  if not os.path.isdir(path):
+    raise checkpoint.CheckpointError(f"checkpoint step {step} has no state directory {path}")
+  item = {"params": abstract}
+  restore_args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding), item)
+  try:
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      restored = checkpointer.restore(
+          path,
+          args=ocp.args.PyTreeRestore(
+              item=item, restore_args=restore_args, partial_restore=True
+          ),
+      )
+  except Exception as e:
+    raise checkpoint.CheckpointError(
+        f"the parameters of checkpoint step {step} in {path} cannot be restored: "
+        f"{type(e).__name__}: {str(e).strip()[:300]}"
+    ) from e
+  return restored["params"]
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """The steps saved in `workdir/checkpoints`, ascending."""
+  with checkpoint.make_manager(workdir, keep=1, save_every=1) as manager:
+    return sorted(manager.all_steps())
+
+
+def averaged_steps(workdir: str) -> list[int] | None:
+  """The steps `workdir`'s averaged checkpoint (§6.1) was made from, or None if it has none."""
+  path = os.path.join(workdir, checkpoint.AVERAGED_DIR, "steps.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)["steps"]
+
+
+def average_params(workdir: str, abstract: Any, num: int) -> tuple[Any, list[int]]:
+  """§6.1: the mean of the parameters of the last `num` checkpoints (5 for base, 20 for big).
+
+  Returns (params float32, steps). Parameters only, one checkpoint at a time beside the sum.
+  """
+  steps = checkpoint_steps(workdir)[-num:]
+  if len(steps) < num:
+    raise errors.UserError(
+        f"asked to average {num} checkpoints but {workdir}/checkpoints holds {len(steps)} "
+        f"({steps}); raise train.keep_checkpoints to keep enough"
+    )
+  total = None
+  for step in steps:
+    params = jax.tree.map(lambda x: x.astype(jnp.float32), restore_params(workdir, step, abstract))
+    total = params if total is None else jax.tree.map(jnp.add, total, params)
+  return jax.tree.map(lambda x: x / len(steps), total), steps
+
+
+def resolve_checkpoint(workdir: str, which: str, average_last: int) -> tuple[str, int | None]:
+  """`which` ("auto", "latest", "avg" or a step) -> ("avg", None) or ("step", step).
+
+  "auto" is what the run's final evaluation used: the average when the run averages
+  (train.average_last) and the average includes the latest checkpoint, else the latest.
+  """
+  if which not in ("auto", "latest", "avg") and not str(which).isdigit():
+    raise errors.UserError(f"--checkpoint={which!r}: expected {CHECKPOINT_CHOICES}")
+  steps = checkpoint_steps(workdir)
+  if which == "auto":
+    averaged = averaged_steps(workdir)
+    current = bool(averaged) and bool(steps) and max(averaged) == max(steps)
+    which = "avg" if average_last and current else "latest"
+  if which == "avg":
+    return "avg", None
+  if not steps:
+    raise errors.UserError(
+        f"{workdir} has no checkpoint yet (checkpoints/ is empty): train first, or pass the "
+        "--workdir of a run that has saved one"
+    )
+  step = max(steps) if which == "latest" else int(which)
+  if step not in steps:
+    raise errors.UserError(f"--checkpoint={which}: {workdir} holds steps {steps}")
+  return "step", step
+
+
+@dataclasses.dataclass
+class LoadedRun:
+  """A trained run ready to translate. `predictor` takes α and the beam size per call."""
+
+  config: ml_collections.ConfigDict
+  tokenizer: Tokenizer
+  model_config: TransformerConfig
+  params: Any
+  checkpoint: str  # which parameters: "step N" or "average of steps [...]"
+  predictor: decode.Predictor
+  mesh: jax.sharding.Mesh
+
+  @property
+  def beam_size(self) -> int:
+    return self.config.eval.beam_size
+
+  @property
+  def alpha(self) -> float:
+    return self.config.eval.alpha
+
+  def encode_lines(self, lines: Sequence[str]) -> list[list[int] | None]:
+    """Token ids per line (None for an empty line); a line longer than the run's data.max_len is
+    truncated with a warning naming it."""
+    limit = self.config.data.max_len - 1  # room for EOS
+    out = []
+    for number, line in enumerate(lines, start=1):
+      text = line.strip()
+      if not text:
+        out.append(None)
+        continue
+      ids = self.tokenizer.encode(text)
+      if len(ids) > limit:
+        logging.warning(
+            "line %d has %d tokens; the model was trained on at most %d: translating its "
+            "first %d", number, len(ids), limit, limit,
+        )  # fmt: skip
+        ids = ids[:limit]
+      out.append(ids)
+    return out
+
+  def translate_lines(self, lines: Sequence[str], **kwargs) -> list[str]:
+    """Translates each line, in order; empty lines stay empty. kwargs: see `translate_ids`."""
+    encoded = self.encode_lines(lines)
+    where = [i for i, ids in enumerate(encoded) if ids is not None]
+    out = [""] * len(lines)
+    for i, hyp in zip(where, self.translate_ids([encoded[i] for i in where], **kwargs)):
+      out[i] = hyp
+    return out
+
+  def translate_ids(
+      self,
+      sources: Sequence[Sequence[int]],
+      *,
+      beam_size: int | None = None,
+      alpha: float | None = None,
+      batch_tokens: int | None = None,
+      stats: dict | None = None,
+  ) -> list[str]:
+    """Detokenized translations of token-id sources (no EOS), in order.
+
+    `stats`, if given, is filled with what the decoding cost: batches, rows (filler included),
+    decoder steps and row-steps (rows x steps summed over batches).
+    """
+    beam_size = self.beam_size if beam_size is None else beam_size
+    alpha = self.alpha if alpha is None else alpha
+    rows_multiple = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    buckets = pipeline.eval_bucket_lengths(self.config.data)
+    out = [""] * len(sources)
+    batch_sharding = sharding.batch_sharding(self.mesh)
+    totals = {"batches": 0, "rows": 0, "steps": 0, "row_steps": 0}
+    pending = []  # dispatch every batch before reading any result back (async dispatch)
+    with jax.set_mesh(self.mesh):
+      for index, inputs in translation_batches(
+          sources, buckets, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
+      ):
+        tokens, steps = self.predictor.search(
+            self.params, _to_global(batch_sharding, inputs), alpha, beam_size
+        )
+        pending.append((index, tokens, steps, inputs.shape[0]))
+      for index, tokens, steps, rows in pending:
+        tokens, steps = _gather(tokens), int(_gather(steps))
+        for row, i in enumerate(index):
+          if i >= 0:
+            out[i] = self.tokenizer.decode(tokens[row].tolist())
+        totals["batches"] += 1
+        totals["rows"] += rows
+        totals["steps"] += steps
+        totals["row_steps"] += rows * steps
+    if stats is not None:
+      stats.update(totals)
+    return out
+
+
+def translation_batches(
+    sources: Sequence[Sequence[int]],
+    bucket_lengths: Sequence[int],
+    batch_tokens: int,
+    rows_multiple: int = 1,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """(index [B], inputs [B, L]) batches of every source (ids + EOS), sorted by length.
+
+  Sentences go in order of length (stable), so a batch's sentences need about as many decoding
+  steps as each other. A batch is padded to the bucket L of its longest sentence and has
+  B = batch_tokens // L rows (a multiple of `rows_multiple`): one shape per bucket, so one
+  compiled search per bucket. A batch is closed when the next sentence would not fit the rows
+  of its (longer) bucket. Rows beyond the batch's sentences (index -1) repeat its first
+  sentence, so they finish when it does and never lengthen the search.
+  """
+  if batch_tokens < 1:
+    raise errors.UserError(f"batch_tokens={batch_tokens} must be >= 1")
+  lengths = np.fromiter((min(len(s) + 1, bucket_lengths[-1]) for s in sources), np.int64,
+                        count=len(sources))
+  bucket_of = np.searchsorted(np.asarray(bucket_lengths), lengths)  # first bucket >= length
+  order = np.argsort(lengths, kind="stable")
+
+  def rows_for(bucket: int) -> int:
+    rows = batch_tokens // bucket_lengths[bucket] // rows_multiple * rows_multiple
+    return max(rows, rows_multiple)
+
+  start = 0
+  while start < len(order):
+    end = start + 1
+    while end < len(order) and end - start + 1 <= rows_for(bucket_of[order[end]]):
+      end += 1
+    index = order[start:end]
+    bucket = int(bucket_of[index[-1]])
+    length, rows = bucket_lengths[bucket], rows_for(bucket)
+    inputs = np.full((rows, length), PAD_ID, np.int32)
+    for row, i in enumerate(index):
+      ids = list(sources[i])[: length - 1] + [EOS_ID]
+      inputs[row, : len(ids)] = ids
+    inputs[len(index):] = inputs[0]  # filler rows: a copy of the first sentence
+    yield np.concatenate([index, np.full(rows - len(index), -1, index.dtype)]), inputs
+    start = end
+
+
+def _to_global(batch_sharding, inputs: np.ndarray) -> jax.Array:
+  """Every process holds the whole batch; each gives its slice of rows."""
+  rows = inputs.shape[0] // jax.process_count()
+  start = jax.process_index() * rows
+  return jax.make_array_from_process_local_data(batch_sharding, inputs[start : start + rows])
+
+
+def _gather(x) -> np.ndarray:
+  if jax.process_count() == 1:
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def load_run(
+    workdir: str,
+    which: str = "auto",
+    beam_size: int | None = None,
+    alpha: float | None = None,
+    devices: Sequence[jax.Device] | None = None,
+) -> LoadedRun:
+  """Config, vocabulary and parameters of the training run in `workdir`, ready to translate.
+
+  `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto" (what the
+  run's final evaluation used; see `resolve_checkpoint`). `beam_size`/`alpha` override the run's
+  eval settings (the defaults of `translate_*`).
+  """
+  config = load_config(workdir, beam_size, alpha)
+  try:
+    tokenizer = pipeline.load_workdir_tokenizer(workdir)
+  except (FileNotFoundError, ValueError) as e:
+    raise errors.UserError(str(e)) from e
+  model_config = config_lib.model_config(config, tokenizer.vocab_size)
+  mesh = sharding.make_mesh(config.mesh, devices)
+  abstract = abstract_params(model_config, sharding.replicated(mesh))
+  kind, step = resolve_checkpoint(workdir, which, config.train.average_last)
+  if kind == "avg":
+    try:
+      params = checkpoint.load_averaged(workdir, abstract)
+    except FileNotFoundError as e:
+      raise errors.UserError(str(e)) from e
+    label = f"average of steps {averaged_steps(workdir)}"
+  else:
+    params = restore_params(workdir, step, abstract)
+    label = f"step {step}"
+  predictor = decode.Predictor(
+      model_config, config.eval.max_decode_extra, config.eval.beam_size, config.eval.alpha
+  )
+  return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)
+
+
+def enable_compilation_cache(directory: str | None) -> str | None:
+  """Keeps compiled programs in JAX's persistent compilation cache at `directory` (None or ""
+  turns it off), so a second run with the same shapes loads its search instead of compiling it.
+  Every program is kept, however fast it compiled. Returns the directory in use."""
+  if not directory:
+    return None
+  directory = os.path.abspath(os.path.expanduser(directory))
+  os.makedirs(directory, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return directory
