@@ -28,10 +28,10 @@ import statistics
 import sys
 import time
 
-from absl import flags
-from ml_collections import config_flags
-
 _START = time.time()  # replaced by the process's own start time when psutil can tell it
+
+from absl import flags  # noqa: E402 (after _START: their import time counts)
+from ml_collections import config_flags  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
