@@ -127,8 +127,10 @@ def make_iterator(config, dataset, packing: bool):
 
 def compare_packing(config, dataset) -> dict:
   """Bucketing vs packing, interleaved rounds: iterator figures and, optionally, train steps."""
-  modes = {"bucketing": make_iterator(config, dataset, False),
-           "packing": make_iterator(config, dataset, True)}
+  modes = {
+      "bucketing": make_iterator(config, dataset, False),
+      "packing": make_iterator(config, dataset, True),
+  }
   trainer = state = rng = None
   if _TRAIN_STEPS.value:
     import jax
@@ -138,8 +140,11 @@ def compare_packing(config, dataset) -> dict:
 
     config.unlock()
     config.mesh = {"data": 1, "fsdp": 1, "tensor": 1}
-    trainer = train.Trainer(config, config_lib.model_config(config, dataset.tokenizer.vocab_size),
-                            devices=jax.devices()[:1])
+    trainer = train.Trainer(
+        config,
+        config_lib.model_config(config, dataset.tokenizer.vocab_size),
+        devices=jax.devices()[:1],
+    )
     state, rng = trainer.init_state(config.seed), jax.random.PRNGKey(0)
     compiled = set()
 
@@ -161,8 +166,7 @@ def compare_packing(config, dataset) -> dict:
           state, _ = trainer.train_step(state, batch, rng)
           target_tokens += int((batch["targets"] != 0).sum())
         jax.block_until_ready(state)
-        figures["train_target_tokens_per_s"] = round(
-            target_tokens / (time.perf_counter() - start))
+        figures["train_target_tokens_per_s"] = round(target_tokens / (time.perf_counter() - start))
       per_round[name].append(figures)
   out = {}
   for name, rounds in per_round.items():

@@ -69,7 +69,9 @@ _PEAK_REPEATS = flags.DEFINE_integer(
     "peak_repeats", 10, "Timed peak measurements (median).", lower_bound=1
 )
 _PEAK_CHAIN = flags.DEFINE_integer(
-    "peak_chain", 0, "Matmuls dispatched back to back per measurement (0: 1 on CPU, else 10).",
+    "peak_chain",
+    0,
+    "Matmuls dispatched back to back per measurement (0: 1 on CPU, else 10).",
     lower_bound=0,
 )
 _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also time forward and forward+backward.")
@@ -250,42 +252,44 @@ def main(argv):
   achieved = flops / step_s
   devices = trainer.mesh.devices
   print(
-      json.dumps({
-          "benchmark": "train_step_throughput",
-          "device": f"{devices.size}x {devices.flat[0].device_kind}",
-          "backend": jax.default_backend(),
-          "dtype": np.dtype(dtype).name,
-          "mesh": dict(trainer.mesh.shape),
-          "sharding_rules": config.sharding_rules,
-          "batch": source,
-          "batch_shape": [rows, source_len, target_len],
-          "target_tokens_per_step": target_tokens,
-          "model": {
-              "layers": model_config.num_layers,
-              "d_model": model_config.d_model,
-              "heads": model_config.num_heads,
-              "d_ff": model_config.d_ff,
-              "vocab": vocab_size,
-              "attention_impl": model_config.attention_impl,
-              "remat_policy": model_config.remat_policy,
-              "scan_layers": model_config.scan_layers,
-          },
-          "compile_s": round(compile_s, 2),
-          "step_time_s": round(step_s, 5),
-          "step_time_min_s": round(min(step_times), 5),
-          "tokens_per_s": round(target_tokens / step_s, 1),
-          "flops_per_step": flops,
-          "flops_count": "analytic matmul FLOPs (benchmarks/throughput.py docstring)",
-          "xla_flops_per_step": xla_flops,
-          "achieved_flops_per_s": round(achieved),
-          "peak_flops": round(peak),
-          "peak_matmul": (
-              f"{peak_n}x{peak_n}x{peak_n} {np.dtype(dtype).name}, per device x {devices.size},"
-              f" {peak_chain} back to back"
-          ),
-          "mfu": round(achieved / peak, 4),
-          **breakdown,
-      })
+      json.dumps(
+          {
+              "benchmark": "train_step_throughput",
+              "device": f"{devices.size}x {devices.flat[0].device_kind}",
+              "backend": jax.default_backend(),
+              "dtype": np.dtype(dtype).name,
+              "mesh": dict(trainer.mesh.shape),
+              "sharding_rules": config.sharding_rules,
+              "batch": source,
+              "batch_shape": [rows, source_len, target_len],
+              "target_tokens_per_step": target_tokens,
+              "model": {
+                  "layers": model_config.num_layers,
+                  "d_model": model_config.d_model,
+                  "heads": model_config.num_heads,
+                  "d_ff": model_config.d_ff,
+                  "vocab": vocab_size,
+                  "attention_impl": model_config.attention_impl,
+                  "remat_policy": model_config.remat_policy,
+                  "scan_layers": model_config.scan_layers,
+              },
+              "compile_s": round(compile_s, 2),
+              "step_time_s": round(step_s, 5),
+              "step_time_min_s": round(min(step_times), 5),
+              "tokens_per_s": round(target_tokens / step_s, 1),
+              "flops_per_step": flops,
+              "flops_count": "analytic matmul FLOPs (benchmarks/throughput.py docstring)",
+              "xla_flops_per_step": xla_flops,
+              "achieved_flops_per_s": round(achieved),
+              "peak_flops": round(peak),
+              "peak_matmul": (
+                  f"{peak_n}x{peak_n}x{peak_n} {np.dtype(dtype).name}, per device x {devices.size},"
+                  f" {peak_chain} back to back"
+              ),
+              "mfu": round(achieved / peak, 4),
+              **breakdown,
+          }
+      )
   )
 
 

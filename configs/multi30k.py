@@ -24,8 +24,9 @@ from transformer_jax.config import default_config
 
 # <repo>/../shared/data/multi30k, wherever the command is run from.
 DATA_DIR = os.path.normpath(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
-                 "multi30k")
+    os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "multi30k"
+    )
 )
 
 

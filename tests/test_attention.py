@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from transformer_jax.attention import (
-  MultiHeadAttention,
-  causal_mask,
-  combine_masks,
-  dot_product_attention,
-  padding_mask,
-  segment_mask,
+    MultiHeadAttention,
+    causal_mask,
+    combine_masks,
+    dot_product_attention,
+    padding_mask,
+    segment_mask,
 )
 from transformer_jax.model_config import TransformerConfig
 
@@ -35,9 +35,11 @@ def numpy_attention(q, k, v, mask=None):
 
 def random_qkv(seed=0):
   rng = np.random.default_rng(seed)
-  return (rng.standard_normal((B, Q, H, D)).astype(np.float32),
-          rng.standard_normal((B, K, H, D)).astype(np.float32),
-          rng.standard_normal((B, K, H, D)).astype(np.float32))
+  return (
+      rng.standard_normal((B, Q, H, D)).astype(np.float32),
+      rng.standard_normal((B, K, H, D)).astype(np.float32),
+      rng.standard_normal((B, K, H, D)).astype(np.float32),
+  )
 
 
 def reference(q, k, v, mask=None):
@@ -46,8 +48,12 @@ def reference(q, k, v, mask=None):
   for b in range(B):
     for h in range(H):
       m = None if mask is None else np.asarray(mask)[b, 0]
-      out[b, :, h] = numpy_attention(q[b, :, h].astype(np.float64), k[b, :, h].astype(np.float64),
-                                     v[b, :, h].astype(np.float64), m)
+      out[b, :, h] = numpy_attention(
+          q[b, :, h].astype(np.float64),
+          k[b, :, h].astype(np.float64),
+          v[b, :, h].astype(np.float64),
+          m,
+      )
   return out
 
 
@@ -59,10 +65,14 @@ def test_dot_product_attention_is_equation_1():
 def test_dot_product_attention_with_mask():
   q, k, v = random_qkv(1)
   valid = np.array([[True] * 5, [True, True, True, False, False]])
-  mask = np.asarray(combine_masks(padding_mask(jnp.asarray(valid)),
-                                  jnp.ones((B, 1, Q, K), bool).at[0, 0, 0, 4].set(False)))
-  np.testing.assert_allclose(dot_product_attention(q, k, v, mask), reference(q, k, v, mask),
-                             atol=1e-5)
+  mask = np.asarray(
+      combine_masks(
+          padding_mask(jnp.asarray(valid)), jnp.ones((B, 1, Q, K), bool).at[0, 0, 0, 4].set(False)
+      )
+  )
+  np.testing.assert_allclose(
+      dot_product_attention(q, k, v, mask), reference(q, k, v, mask), atol=1e-5
+  )
 
 
 def test_masked_keys_get_exactly_zero_weight():
@@ -109,8 +119,9 @@ def test_combine_masks():
 def test_multi_head_attention_is_concat_of_heads_times_w_o(with_mask):
   """§3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) Wᴼ,
   head_i = Attention(QW_iᵠ, KW_iᴷ, VW_iⱽ)."""
-  config = TransformerConfig(vocab_size=10, d_model=8, num_heads=H, num_layers=1, d_ff=16,
-                             deterministic=True)
+  config = TransformerConfig(
+      vocab_size=10, d_model=8, num_heads=H, num_layers=1, d_ff=16, deterministic=True
+  )
   rng = np.random.default_rng(3)
   x_q = rng.standard_normal((B, Q, 8)).astype(np.float32)
   x_kv = rng.standard_normal((B, K, 8)).astype(np.float32)
@@ -128,8 +139,10 @@ def test_multi_head_attention_is_concat_of_heads_times_w_o(with_mask):
   expected = np.zeros((B, Q, 8))
   for b in range(B):
     m = None if mask is None else np.asarray(mask)[b, 0]
-    heads = [numpy_attention(x_q[b] @ w_q[:, h], x_kv[b] @ w_k[:, h], x_kv[b] @ w_v[:, h], m)
-             for h in range(H)]  # h × [Q, d]
+    heads = [
+        numpy_attention(x_q[b] @ w_q[:, h], x_kv[b] @ w_k[:, h], x_kv[b] @ w_v[:, h], m)
+        for h in range(H)
+    ]  # h × [Q, d]
     expected[b] = np.concatenate(heads, axis=-1) @ w_o  # [Q, h*d] @ [h*d, e]
   np.testing.assert_allclose(out, expected, atol=1e-5)
 
@@ -144,16 +157,20 @@ def test_recorded_attention_weights_are_the_distributions_the_model_uses():
   from transformer_jax.model import Transformer
   from transformer_jax.plot_attention import attention_weights
 
-  config = TransformerConfig(vocab_size=20, d_model=16, num_heads=2, num_layers=2, d_ff=32,
-                             max_len=16, deterministic=True)
+  config = TransformerConfig(
+      vocab_size=20, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_len=16, deterministic=True
+  )
   params = random_params(config)
   source, target = [5, 6, 7, 8, 1], [9, 10, 11, 1]  # each ends with EOS
   maps = attention_weights(config, params, source, target)
   assert sorted(maps) == sorted(
       f"{stack}/layer_{i}/{kind}"
       for i in range(2)
-      for stack, kind in [("encoder", "self_attention"), ("decoder", "self_attention"),
-                          ("decoder", "cross_attention")]
+      for stack, kind in [
+          ("encoder", "self_attention"),
+          ("decoder", "self_attention"),
+          ("decoder", "cross_attention"),
+      ]
   )
   assert maps["encoder/layer_1/self_attention"].shape == (2, 5, 5)
   assert maps["decoder/layer_0/cross_attention"].shape == (2, 4, 5)
@@ -166,8 +183,9 @@ def test_recorded_attention_weights_are_the_distributions_the_model_uses():
   inputs = np.asarray([source + [PAD_ID, PAD_ID]], np.int32)  # padded source
   decoder_inputs = np.asarray([[2, 9, 10, 11]], np.int32)
   plain = model.apply({"params": params}, inputs, decoder_inputs)
-  recorded, state = model.apply({"params": params}, inputs, decoder_inputs,
-                                mutable=["intermediates"])
+  recorded, state = model.apply(
+      {"params": params}, inputs, decoder_inputs, mutable=["intermediates"]
+  )
   np.testing.assert_allclose(recorded, plain, atol=1e-5)
   cross = state["intermediates"]["decoder"]["layer_0"]["cross_attention"]["attention_weights"][0]
   assert np.all(np.asarray(cross)[..., 5:] == 0)  # padding keys get no weight

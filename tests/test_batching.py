@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from transformer_jax.data.batching import (
-  BatchIterator,
-  eval_batches,
-  make_bucket_lengths,
-  padding_efficiency,
+    BatchIterator,
+    eval_batches,
+    make_bucket_lengths,
+    padding_efficiency,
 )
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -20,8 +20,13 @@ BUCKETS = (8, 16, 24, 32)
 
 def random_examples(n, seed=0, max_len=30):
   rng = np.random.default_rng(seed)
-  return [(rng.integers(4, 100, size=rng.integers(0, max_len)).tolist(),
-           rng.integers(4, 100, size=rng.integers(1, max_len)).tolist()) for _ in range(n)]
+  return [
+      (
+          rng.integers(4, 100, size=rng.integers(0, max_len)).tolist(),
+          rng.integers(4, 100, size=rng.integers(1, max_len)).tolist(),
+      )
+      for _ in range(n)
+  ]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +44,7 @@ def make_iterator(examples, **kwargs):
 def content(row):
   """A row's tokens before the first PAD."""
   row = list(row)
-  return row[:row.index(PAD_ID)] if PAD_ID in row else row
+  return row[: row.index(PAD_ID)] if PAD_ID in row else row
 
 
 def test_make_bucket_lengths():
@@ -54,12 +59,15 @@ def test_batch_layout():
   assert set(batch) == {"inputs", "decoder_inputs", "targets"}
   for array in batch.values():
     assert array.dtype == np.int32 and array.shape == (2, 8)
-  np.testing.assert_array_equal(batch["inputs"], [[10, 11, 12, EOS_ID, 0, 0, 0, 0],
-                                                  [13, EOS_ID, 0, 0, 0, 0, 0, 0]])
-  np.testing.assert_array_equal(batch["decoder_inputs"], [[BOS_ID, 20, 21, 0, 0, 0, 0, 0],
-                                                          [BOS_ID, 22, 23, 24, 25, 0, 0, 0]])
-  np.testing.assert_array_equal(batch["targets"], [[20, 21, EOS_ID, 0, 0, 0, 0, 0],
-                                                   [22, 23, 24, 25, EOS_ID, 0, 0, 0]])
+  np.testing.assert_array_equal(
+      batch["inputs"], [[10, 11, 12, EOS_ID, 0, 0, 0, 0], [13, EOS_ID, 0, 0, 0, 0, 0, 0]]
+  )
+  np.testing.assert_array_equal(
+      batch["decoder_inputs"], [[BOS_ID, 20, 21, 0, 0, 0, 0, 0], [BOS_ID, 22, 23, 24, 25, 0, 0, 0]]
+  )
+  np.testing.assert_array_equal(
+      batch["targets"], [[20, 21, EOS_ID, 0, 0, 0, 0, 0], [22, 23, 24, 25, EOS_ID, 0, 0, 0]]
+  )
 
 
 def test_decoder_inputs_are_targets_shifted_right(examples):
@@ -140,8 +148,9 @@ def test_resume_over_different_data_is_an_error(examples):
 
 def test_process_slices_concatenate_to_the_global_batch(examples):
   whole = make_iterator(examples, batch_multiple=4)
-  parts = [make_iterator(examples, batch_multiple=4, process_index=i, process_count=4)
-           for i in range(4)]
+  parts = [
+      make_iterator(examples, batch_multiple=4, process_index=i, process_count=4) for i in range(4)
+  ]
   for _ in range(25):
     batch = next(whole)
     slices = [next(p) for p in parts]
@@ -188,21 +197,26 @@ def test_eval_batches_cover_every_example_once_in_fixed_shapes(examples):
 
 
 def test_padding_efficiency_by_hand():
-  batch = {"inputs": np.array([[5, 1, 0, 0], [5, 6, 7, 1]]),   # 6 real of 8
-           "targets": np.array([[8, 1, 0, 0], [0, 0, 0, 0]])}  # 2 real of 8
+  batch = {
+      "inputs": np.array([[5, 1, 0, 0], [5, 6, 7, 1]]),  # 6 real of 8
+      "targets": np.array([[8, 1, 0, 0], [0, 0, 0, 0]]),
+  }  # 2 real of 8
   assert padding_efficiency(batch) == 8 / 16
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(tokens_per_batch=20), "tokens_per_batch=20"),
-    (dict(tokens_per_batch=256, batch_multiple=16), "tokens_per_batch=256"),
-    (dict(tokens_per_batch=None), "exactly one of"),
-    (dict(tokens_per_batch=512, batch_size=16), "exactly one of"),
-    (dict(batch_size=6, batch_multiple=4), "batch_size=6"),
-    (dict(batch_multiple=2, process_count=4), "process_count=4"),
-    (dict(process_index=2, process_count=2), "process_index=2"),
-    (dict(bucket_lengths=(16, 8)), "bucket_lengths"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(tokens_per_batch=20), "tokens_per_batch=20"),
+        (dict(tokens_per_batch=256, batch_multiple=16), "tokens_per_batch=256"),
+        (dict(tokens_per_batch=None), "exactly one of"),
+        (dict(tokens_per_batch=512, batch_size=16), "exactly one of"),
+        (dict(batch_size=6, batch_multiple=4), "batch_size=6"),
+        (dict(batch_multiple=2, process_count=4), "process_count=4"),
+        (dict(process_index=2, process_count=2), "process_index=2"),
+        (dict(bucket_lengths=(16, 8)), "bucket_lengths"),
+    ],
+)
 def test_bad_arguments_are_named(examples, kwargs, match):
   with pytest.raises(ValueError, match=match):
     make_iterator(examples, **kwargs)
@@ -242,16 +256,20 @@ def unpack(batch):
     for side in ("inputs", "targets"):
       seg = batch[f"{side}_segmentation"][r]
       nonzero = seg[seg > 0]
-      assert (np.diff(nonzero) >= 0).all() and (seg[len(nonzero):] == 0).all()  # runs, in order
+      assert (np.diff(nonzero) >= 0).all() and (seg[len(nonzero) :] == 0).all()  # runs, in order
       assert ((batch[side][r] == PAD_ID) == (seg == 0)).all()
     for s in np.unique(batch["inputs_segmentation"][r]):
       if s == 0:
         continue
       src = batch["inputs_segmentation"][r] == s
       tgt = batch["targets_segmentation"][r] == s
-      out[(r, int(s))] = (batch["inputs"][r][src], batch["decoder_inputs"][r][tgt],
-                          batch["targets"][r][tgt], batch["inputs_positions"][r][src],
-                          batch["targets_positions"][r][tgt])
+      out[(r, int(s))] = (
+          batch["inputs"][r][src],
+          batch["decoder_inputs"][r][tgt],
+          batch["targets"][r][tgt],
+          batch["inputs_positions"][r][src],
+          batch["targets_positions"][r][tgt],
+      )
   return out
 
 
@@ -301,8 +319,17 @@ def test_packing_has_little_padding_resumes_exactly_and_slices_by_process():
     next(it)
   restored = make_iterator(examples, packing=True, tokens_per_batch=256, batch_multiple=4)
   restored.set_state(json.loads(json.dumps(it.get_state())))
-  parts = [make_iterator(examples, packing=True, tokens_per_batch=256, batch_multiple=4,
-                         process_index=i, process_count=2) for i in range(2)]
+  parts = [
+      make_iterator(
+          examples,
+          packing=True,
+          tokens_per_batch=256,
+          batch_multiple=4,
+          process_index=i,
+          process_count=2,
+      )
+      for i in range(2)
+  ]
   for p in parts:
     p.set_state(it.get_state())
   for _ in range(2 * it.batches_per_epoch):
@@ -322,8 +349,10 @@ def test_resume_on_another_device_count_draws_the_same_global_batches(examples, 
   state = json.loads(json.dumps(saved.get_state()))
   alone = make_iterator(examples, batch_multiple=1, **kwargs)
   assert alone.rows_per_bucket != saved.rows_per_bucket  # the rounding differs
-  two_processes = [make_iterator(examples, batch_multiple=2, process_index=i, process_count=2,
-                                 **kwargs) for i in range(2)]
+  two_processes = [
+      make_iterator(examples, batch_multiple=2, process_index=i, process_count=2, **kwargs)
+      for i in range(2)
+  ]
   for it in (alone, *two_processes):
     it.set_state(state)
     assert it.rows_per_bucket == saved.rows_per_bucket

@@ -258,8 +258,14 @@ def test_beam_size_one_differs_from_greedy_only_by_a_better_score():
 
 VOCAB = 6  # PAD, EOS, BOS and three real tokens
 CONFIG = TransformerConfig(
-    vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=1, d_ff=64, max_len=16,
-    share_embeddings=False, deterministic=True,
+    vocab_size=VOCAB,
+    d_model=32,
+    num_heads=4,
+    num_layers=1,
+    d_ff=64,
+    max_len=16,
+    share_embeddings=False,
+    deterministic=True,
 )
 EXTRA = 3  # sources of 5 tokens -> at most 8 output tokens
 N = 8
@@ -403,9 +409,9 @@ def test_blocks_of_cache_length_change_nothing():
   # while loops) gives the same hypotheses and scores as one cache of the whole length.
   params, inputs = tiny_model()
   whole = decode.beam_search(DECODER, params, inputs, N, 4, 0.6, block=None)
-  blocks = jax.jit(
-      lambda p, x: decode.beam_search(DECODER, p, x, N, 4, 0.6, block=3)
-  )(params, inputs)
+  blocks = jax.jit(lambda p, x: decode.beam_search(DECODER, p, x, N, 4, 0.6, block=3))(
+      params, inputs
+  )
   assert decode.cache_block_ends(N, 3) == (3, 6, 8)
   np.testing.assert_array_equal(blocks[0], whole[0])
   np.testing.assert_allclose(blocks[1], whole[1], atol=1e-6)
@@ -447,10 +453,8 @@ def test_cross_attention_caches_are_never_tiled_or_reordered():
       assert cross_out[key] is value
   # And the split keeps them out of the per-beam state that the search reorders.
   rows, sentence = decode.split_cache(decode.IncrementalDecoder(CONFIG).init_cache(inputs, N))
-  assert all(k[-1] in decode.SENTENCE_CACHE_KEYS
-             for k in flax.traverse_util.flatten_dict(sentence))
-  assert not any(k[-1] in decode.SENTENCE_CACHE_KEYS
-                 for k in flax.traverse_util.flatten_dict(rows))
+  assert all(k[-1] in decode.SENTENCE_CACHE_KEYS for k in flax.traverse_util.flatten_dict(sentence))
+  assert not any(k[-1] in decode.SENTENCE_CACHE_KEYS for k in flax.traverse_util.flatten_dict(rows))
   expected = decode.beam_search(DECODER, params, inputs, N, k, 0.6, block=3)
   np.testing.assert_array_equal(tokens, expected[0])
 

@@ -14,8 +14,9 @@ from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.decode import IncrementalDecoder, greedy_search
 from transformer_jax.model import Transformer, TransformerConfig
 
-CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64,
-                           max_len=32, deterministic=True)
+CONFIG = TransformerConfig(
+    vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32, deterministic=True
+)
 BATCH, SOURCE_LEN, TARGET_LEN = 2, 7, 6
 
 
@@ -23,8 +24,6 @@ def source(seed):
   inputs = np.random.default_rng(seed).integers(3, 40, size=(BATCH, SOURCE_LEN)).astype(np.int32)
   inputs[1, 4:] = PAD_ID  # the cross-attention cache must respect source padding
   return inputs
-
-
 
 
 @pytest.mark.parametrize(
@@ -47,12 +46,16 @@ def test_cached_decoding_equals_full_forward(variant):
   cache = decoder.init_cache(inputs, TARGET_LEN)
   for t in range(TARGET_LEN):
     # The encoder output goes in on the first step only; later steps read the cross-attention cache.
-    log_probs, cache = decoder.step(params, cache, encoded if t == 0 else None, inputs,
-                                    decoder_inputs[:, t], t)
+    log_probs, cache = decoder.step(
+        params, cache, encoded if t == 0 else None, inputs, decoder_inputs[:, t], t
+    )
     assert log_probs.shape == (BATCH, 40) and log_probs.dtype == jnp.float32
     np.testing.assert_allclose(log_probs, expected[:, t], atol=1e-5, err_msg=f"position {t}")
-  indices = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
-             if "cache_index" in jax.tree_util.keystr(path)]
+  indices = [
+      leaf
+      for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+      if "cache_index" in jax.tree_util.keystr(path)
+  ]
   assert len(indices) == 2 and all(int(i) == TARGET_LEN for i in indices)  # one per layer
 
 
@@ -99,4 +102,4 @@ def test_greedy_search_equals_naive_loop():
   np.testing.assert_array_equal(out, expected)
   for row in np.asarray(out):  # after EOS, only PAD
     if EOS_ID in row:
-      assert np.all(row[list(row).index(EOS_ID) + 1:] == PAD_ID)
+      assert np.all(row[list(row).index(EOS_ID) + 1 :] == PAD_ID)

@@ -22,8 +22,9 @@ from transformer_jax.model import Transformer
 from transformer_jax.model_config import TransformerConfig
 
 B, T, H, D = 3, 6, 2, 8  # batch, length, heads, head dim
-CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=1, d_ff=64,
-                           max_len=32, deterministic=True)
+CONFIG = TransformerConfig(
+    vocab_size=40, d_model=32, num_heads=4, num_layers=1, d_ff=64, max_len=32, deterministic=True
+)
 
 
 def random_qkv(seed=0):

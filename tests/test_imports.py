@@ -30,8 +30,9 @@ def import_graph() -> dict[str, set[str]]:
           package = package[: len(package) - (node.level - 1)]
           base = ".".join(package + ([base] if base else []))
         # `from pkg import mod` imports the module pkg.mod; `from mod import f` imports mod.
-        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                   for a in node.names]
+        targets = [
+            f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+        ]
       else:
         continue
       for target in targets:
@@ -52,7 +53,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state[node] = 1
     for nxt in sorted(graph[node]):
       if state.get(nxt) == 1:
-        return [*path[path.index(nxt):], nxt]
+        return [*path[path.index(nxt) :], nxt]
       if nxt not in state:
         cycle = visit(nxt, [*path, nxt])
         if cycle:

@@ -65,8 +65,9 @@ def test_smoothed_target_prediction_has_zero_loss():
   targets = np.array([[3]])
   q = np.full(V, eps / (V - 1))
   q[3] = 1.0 - eps
-  loss, _, _ = label_smoothed_cross_entropy(np.log(q)[None, None].astype(np.float32), targets,
-                                            np.ones((1, 1), np.float32), eps)
+  loss, _, _ = label_smoothed_cross_entropy(
+      np.log(q)[None, None].astype(np.float32), targets, np.ones((1, 1), np.float32), eps
+  )
   np.testing.assert_allclose(loss, 0.0, atol=1e-6)
 
 

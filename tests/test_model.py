@@ -15,8 +15,9 @@ from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.model import Embed, Transformer
 from transformer_jax.model_config import TransformerConfig
 
-CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64,
-                           max_len=32, deterministic=True)
+CONFIG = TransformerConfig(
+    vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32, deterministic=True
+)
 BATCH, SOURCE_LEN, TARGET_LEN = 2, 7, 6
 
 
@@ -37,8 +38,6 @@ def param_shapes(config):
   inputs, decoder_inputs = example()
   variables = jax.eval_shape(Transformer(config).init, jax.random.key(0), inputs, decoder_inputs)
   return nn.unbox(variables["params"])
-
-
 
 
 def logits_of(config, params, inputs, decoder_inputs, **kwargs):
@@ -66,8 +65,13 @@ def test_logits_shape_dtype_and_param_tree(norm_position, share_embeddings):
   if share_embeddings:
     assert {"shared_embedding", "encoder", "decoder"} == set(params)
   else:
-    assert {"source_embedding", "target_embedding", "output_projection", "encoder",
-            "decoder"} == set(params)
+    assert {
+        "source_embedding",
+        "target_embedding",
+        "output_projection",
+        "encoder",
+        "decoder",
+    } == set(params)
     assert params["output_projection"]["kernel"].shape == (32, 40)  # [e, v]
   # Pre-LN normalises the output of each stack; post-LN already ends every layer with a norm.
   for stack in ("encoder", "decoder"):
@@ -83,7 +87,10 @@ def test_num_decoder_layers():
   shapes = param_shapes(config)
   assert sorted(k for k in shapes["encoder"] if k.startswith("layer_")) == ["layer_0", "layer_1"]
   assert sorted(k for k in shapes["decoder"] if k.startswith("layer_")) == [
-      "layer_0", "layer_1", "layer_2"]
+      "layer_0",
+      "layer_1",
+      "layer_2",
+  ]
   # Encoder layers have no cross-attention; decoder layers do.
   assert "cross_attention" not in shapes["encoder"]["layer_0"]
   assert "cross_attention" in shapes["decoder"]["layer_2"]
@@ -121,10 +128,10 @@ def test_causality(norm_position, post_params, pre_params):
   logits = logits_of(config, params, inputs, decoder_inputs)
   for t in (0, 2, 4):
     changed = decoder_inputs.copy()
-    changed[:, t + 1:] = random_tokens((BATCH, TARGET_LEN - t - 1), seed=10 + t)
+    changed[:, t + 1 :] = random_tokens((BATCH, TARGET_LEN - t - 1), seed=10 + t)
     changed[1, -1] = PAD_ID  # padding later on must not leak backwards either
     new_logits = logits_of(config, params, inputs, changed)
-    np.testing.assert_allclose(new_logits[:, :t + 1], logits[:, :t + 1], atol=1e-6)
+    np.testing.assert_allclose(new_logits[:, : t + 1], logits[:, : t + 1], atol=1e-6)
     assert not np.allclose(new_logits[:, t + 1], logits[:, t + 1], atol=1e-3)
 
 
@@ -132,12 +139,14 @@ def test_source_padding_invariance(post_params):
   inputs, decoder_inputs = example()
   logits = logits_of(CONFIG, post_params, inputs, decoder_inputs)
   padded = np.pad(inputs, ((0, 0), (0, 3)), constant_values=PAD_ID)  # [b, s + 3]
-  np.testing.assert_allclose(logits_of(CONFIG, post_params, padded, decoder_inputs), logits,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      logits_of(CONFIG, post_params, padded, decoder_inputs), logits, atol=1e-5
+  )
   # Padding is masked, not merely absent: a real token there does change the output.
   padded[0, -1] = 5
-  assert not np.allclose(logits_of(CONFIG, post_params, padded, decoder_inputs)[0], logits[0],
-                         atol=1e-3)
+  assert not np.allclose(
+      logits_of(CONFIG, post_params, padded, decoder_inputs)[0], logits[0], atol=1e-3
+  )
 
 
 def test_packed_pairs_equal_pairs_run_alone(post_params):
@@ -147,9 +156,11 @@ def test_packed_pairs_equal_pairs_run_alone(post_params):
   lone runs pad each pair to the packed shapes (padding invariance is tested above), so every call
   here has the same shapes as `example` and reuses its compiled ops.
   """
-  pairs = {"a": ([11, 12, 13, EOS_ID], [BOS_ID, 21, 22]),
-           "b": ([14, 15, EOS_ID], [BOS_ID, 23, 24]),
-           "c": ([16, 17, 18, 19, EOS_ID], [BOS_ID, 25, 26, 27])}
+  pairs = {
+      "a": ([11, 12, 13, EOS_ID], [BOS_ID, 21, 22]),
+      "b": ([14, 15, EOS_ID], [BOS_ID, 23, 24]),
+      "c": ([16, 17, 18, 19, EOS_ID], [BOS_ID, 25, 26, 27]),
+  }
 
   def pack(rows, length):
     """rows: list of lists of sentences -> tokens, segment ids, positions; each [len(rows), L]."""
@@ -167,22 +178,35 @@ def test_packed_pairs_equal_pairs_run_alone(post_params):
   target = [[pairs["a"][1], pairs["b"][1]], [pairs["c"][1]]]
   inputs, inputs_segmentation, inputs_positions = pack(source, SOURCE_LEN)
   decoder_inputs, targets_segmentation, targets_positions = pack(target, TARGET_LEN)
-  packed = logits_of(CONFIG, post_params, inputs, decoder_inputs,
-                     inputs_positions=inputs_positions, targets_positions=targets_positions,
-                     inputs_segmentation=inputs_segmentation,
-                     targets_segmentation=targets_segmentation)  # [2, t, v]
+  packed = logits_of(
+      CONFIG,
+      post_params,
+      inputs,
+      decoder_inputs,
+      inputs_positions=inputs_positions,
+      targets_positions=targets_positions,
+      inputs_segmentation=inputs_segmentation,
+      targets_segmentation=targets_segmentation,
+  )  # [2, t, v]
 
   alone_inputs, _, _ = pack([[pairs["a"][0]], [pairs["b"][0]]], SOURCE_LEN)
   alone_decoder_inputs, _, _ = pack([[pairs["a"][1]], [pairs["b"][1]]], TARGET_LEN)
   alone = logits_of(CONFIG, post_params, alone_inputs, alone_decoder_inputs)  # [2, t, v]
   np.testing.assert_allclose(packed[0, :3], alone[0, :3], atol=1e-5)  # pair A
   np.testing.assert_allclose(packed[0, 3:6], alone[1, :3], atol=1e-5)  # pair B
-  unpacked = logits_of(CONFIG, post_params, inputs[1:2].repeat(2, 0),
-                       decoder_inputs[1:2].repeat(2, 0))
+  unpacked = logits_of(
+      CONFIG, post_params, inputs[1:2].repeat(2, 0), decoder_inputs[1:2].repeat(2, 0)
+  )
   np.testing.assert_allclose(packed[1, :4], unpacked[0, :4], atol=1e-5)  # pair C
   # Without the segment masks the pairs would see each other.
-  leaky = logits_of(CONFIG, post_params, inputs, decoder_inputs,
-                    inputs_positions=inputs_positions, targets_positions=targets_positions)
+  leaky = logits_of(
+      CONFIG,
+      post_params,
+      inputs,
+      decoder_inputs,
+      inputs_positions=inputs_positions,
+      targets_positions=targets_positions,
+  )
   assert not np.allclose(leaky[0, 3:6], alone[1, :3], atol=1e-3)
 
 
@@ -191,8 +215,11 @@ def test_packed_pairs_equal_pairs_run_alone(post_params):
 
 def test_shared_embedding_is_the_pre_softmax_projection(post_params):
   """§3.4: one matrix embeds source and target tokens and projects decoder outputs to logits."""
-  embeddings = [p for path, p in jax.tree_util.tree_leaves_with_path(post_params)
-                if "embedding" in jax.tree_util.keystr(path)]
+  embeddings = [
+      p
+      for path, p in jax.tree_util.tree_leaves_with_path(post_params)
+      if "embedding" in jax.tree_util.keystr(path)
+  ]
   assert len(embeddings) == 1 and embeddings[0].shape == (40, 32)  # [v, e]
   inputs, decoder_inputs = example()
   model = Transformer(CONFIG)
@@ -230,13 +257,16 @@ def test_bfloat16_compute_with_float32_params(post_params):
   assert not np.array_equal(logits, reference)  # really computed in bf16
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(d_model=30), "d_model"),
-    (dict(positional="foo"), "positional"),
-    (dict(norm_position="mid"), "norm_position"),
-    (dict(dropout_rate=1.5), "dropout_rate"),
-    (dict(dtype="float64"), "dtype"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(d_model=30), "d_model"),
+        (dict(positional="foo"), "positional"),
+        (dict(norm_position="mid"), "norm_position"),
+        (dict(dropout_rate=1.5), "dropout_rate"),
+        (dict(dtype="float64"), "dtype"),
+    ],
+)
 def test_config_validation_names_the_field(change, field):
   with pytest.raises(ValueError, match=field):
     CONFIG.replace(**change)
@@ -247,13 +277,15 @@ def test_dropout_active_only_when_not_deterministic(post_params):
   train = CONFIG.replace(deterministic=False, dropout_rate=0.1)
 
   def run(config, seed):
-    return Transformer(config).apply({"params": post_params}, inputs, decoder_inputs,
-                                     rngs={"dropout": jax.random.key(seed)})
+    return Transformer(config).apply(
+        {"params": post_params}, inputs, decoder_inputs, rngs={"dropout": jax.random.key(seed)}
+    )
 
   first, second = run(train, 1), run(train, 2)
   assert not np.allclose(first, second, atol=1e-3)
   np.testing.assert_array_equal(run(train, 1), first)  # same rng, same mask
   evaluation = train.replace(deterministic=True)
   np.testing.assert_array_equal(run(evaluation, 1), run(evaluation, 2))
-  np.testing.assert_allclose(run(evaluation, 1), logits_of(CONFIG, post_params, inputs,
-                                                           decoder_inputs), atol=1e-6)
+  np.testing.assert_allclose(
+      run(evaluation, 1), logits_of(CONFIG, post_params, inputs, decoder_inputs), atol=1e-6
+  )

@@ -191,9 +191,7 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
   # The checkpoint the two processes wrote together restores on one device to the same values.
   config = tiny_config()
   config.mesh = {"data": 1, "fsdp": 1, "tensor": 1}
-  trainer = train.Trainer(
-      config, config_lib.model_config(config, VOCAB), devices=jax.devices()[:1]
-  )
+  trainer = train.Trainer(config, config_lib.model_config(config, VOCAB), devices=jax.devices()[:1])
   manager = checkpoint.make_manager(ckpt, keep=1, save_every=1)
   state, data_state = checkpoint.restore(manager, trainer.abstract_state())
   manager.close()
@@ -245,7 +243,9 @@ def test_sigterm_to_one_process_stops_both_at_the_same_checkpointed_step(tmp_pat
 
   workdir = tmp_path / "run"
   with two_train_py_processes(
-      workdir, "--config.train.num_steps=100000", "--config.train.log_every=1",
+      workdir,
+      "--config.train.num_steps=100000",
+      "--config.train.log_every=1",
       "--config.train.checkpoint_every=1000",
   ) as procs:
     metrics = workdir / "metrics.jsonl"  # written by process 0 only
@@ -277,8 +277,11 @@ def test_two_processes_set_aside_an_unreadable_checkpoint_together_and_resume(tm
 
   def train_two_processes(num_steps):
     with two_train_py_processes(
-        workdir, *tiny, f"--config.train.num_steps={num_steps}",
-        "--config.train.checkpoint_every=2", "--config.train.keep_checkpoints=5",
+        workdir,
+        *tiny,
+        f"--config.train.num_steps={num_steps}",
+        "--config.train.checkpoint_every=2",
+        "--config.train.keep_checkpoints=5",
     ) as procs:
       logs = wait_for_logs(procs)
     assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
@@ -398,8 +401,12 @@ def test_process_0_prepares_the_corpus_and_the_other_process_opens_it(tmp_path):
   corpus.mkdir()
   small_corpus(corpus)
   flags = [f"--config.{key}={value}" for key, value in tiny_overrides().items()]
-  flags += ["--config.data.source=text", f"--config.data.path={corpus}",
-            "--config.data.vocab_size=120", "--config.train.num_steps=2"]
+  flags += [
+      "--config.data.source=text",
+      f"--config.data.path={corpus}",
+      "--config.data.vocab_size=120",
+      "--config.train.num_steps=2",
+  ]
   workdir = tmp_path / "runs" / "run"
   workdir.parent.mkdir(parents=True)
   with two_train_py_processes(workdir, *flags) as procs:

@@ -71,12 +71,16 @@ def _kernel(tmp_path: pathlib.Path):
   )
   spec_dir = tmp_path / "kernels" / "transformer_jax_test"
   spec_dir.mkdir(parents=True)
-  (spec_dir / "kernel.json").write_text(json.dumps({
-      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-      "display_name": "transformer_jax test",
-      "language": "python",
-      "env": {"PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags},
-  }))
+  (spec_dir / "kernel.json").write_text(
+      json.dumps(
+          {
+              "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+              "display_name": "transformer_jax test",
+              "language": "python",
+              "env": {"PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags},
+          }
+      )
+  )
   specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")], ensure_native_kernel=False)
   return KernelManager(kernel_name="transformer_jax_test", kernel_spec_manager=specs)
 
@@ -94,12 +98,17 @@ def test_the_notebook_trains_plots_translates_and_draws_attention(tmp_path):
   _code_cells(json.loads(NOTEBOOK.read_text()))
   workdir = tmp_path / "run"
   overrides = tiny_overrides()  # the quickstart shrunk as in the other tests
-  _with_parameters(notebook, (
-      f"CONFIG = 'quickstart:smoke'\nWORKDIR = {str(workdir)!r}\n"
-      f"OVERRIDES = {overrides!r}\nSENTENCE = ''\n"
-  ))
+  _with_parameters(
+      notebook,
+      (
+          f"CONFIG = 'quickstart:smoke'\nWORKDIR = {str(workdir)!r}\n"
+          f"OVERRIDES = {overrides!r}\nSENTENCE = ''\n"
+      ),
+  )
   client = NotebookClient(
-      notebook, km=_kernel(tmp_path), timeout=TIMEOUT_S,
+      notebook,
+      km=_kernel(tmp_path),
+      timeout=TIMEOUT_S,
       resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
   )
   client.execute()  # a cell that raises fails the test with its traceback (CellExecutionError)

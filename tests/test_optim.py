@@ -40,8 +40,11 @@ def test_step_zero_gives_zero():
 
 def test_multiplier_scales_the_curve():
   steps = jnp.array([1, 100, WARMUP, 50_000])
-  np.testing.assert_allclose(paper_schedule(steps, D_MODEL, WARMUP, multiplier=2.5),
-                             2.5 * paper_schedule(steps, D_MODEL, WARMUP), rtol=1e-6)
+  np.testing.assert_allclose(
+      paper_schedule(steps, D_MODEL, WARMUP, multiplier=2.5),
+      2.5 * paper_schedule(steps, D_MODEL, WARMUP),
+      rtol=1e-6,
+  )
 
 
 def test_make_schedule_counts_from_zero():
@@ -87,13 +90,15 @@ def test_make_optimizer_is_adam_with_paper_settings():
   expected = hand_adam(grads, [float(schedule(i)) for i in range(3)])
   for g, want in zip(grads, expected):
     update, state = optimizer.update(jnp.asarray(g, jnp.float32), state, params)
-    reference_update, reference_state = reference.update(jnp.asarray(g, jnp.float32),
-                                                          reference_state, params)
+    reference_update, reference_state = reference.update(
+        jnp.asarray(g, jnp.float32), reference_state, params
+    )
     np.testing.assert_allclose(update, want, rtol=1e-4)
     np.testing.assert_array_equal(update, reference_update)
   # Sanity: the defaults of optax.adam (β2 = 0.999, ε = 1e-8) would give a different first step.
-  default_update, _ = optax.adam(schedule).update(jnp.asarray(grads[0], jnp.float32),
-                                                  optax.adam(schedule).init(params), params)
+  default_update, _ = optax.adam(schedule).update(
+      jnp.asarray(grads[0], jnp.float32), optax.adam(schedule).init(params), params
+  )
   assert not np.allclose(default_update, expected[0], rtol=1e-4)
 
 

@@ -15,8 +15,9 @@ def test_packed_batch_has_the_loss_of_its_pairs_unpacked():
   dataset = pipeline.load_dataset(config)
   examples = dataset.splits["train"].examples[:200]
   length = config.data.max_len
-  packed_iter = batching.BatchIterator(examples, seed=0, bucket_lengths=(length,),
-                                       batch_size=8, packing=True)
+  packed_iter = batching.BatchIterator(
+      examples, seed=0, bucket_lengths=(length,), batch_size=8, packing=True
+  )
   packed = next(packed_iter)
   # The pairs of the packed batch, one per row, in the same padded length.
   sources = packed["inputs"][packed["inputs_segmentation"] > 0]
@@ -33,9 +34,11 @@ def test_packed_batch_has_the_loss_of_its_pairs_unpacked():
   model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
   model = Transformer(model_config.replace(deterministic=True))
   params = random_params(model_config)
-  packed_loss, packed_metrics = train.loss_and_metrics(params, packed, model=model,
-                                                       label_smoothing=0.1)
-  alone_loss, alone_metrics = train.loss_and_metrics(params, alone, model=model,
-                                                     label_smoothing=0.1)
+  packed_loss, packed_metrics = train.loss_and_metrics(
+      params, packed, model=model, label_smoothing=0.1
+  )
+  alone_loss, alone_metrics = train.loss_and_metrics(
+      params, alone, model=model, label_smoothing=0.1
+  )
   assert packed_metrics["weight_sum"] == alone_metrics["weight_sum"]
   np.testing.assert_allclose(packed_loss, alone_loss, rtol=1e-5)

@@ -44,8 +44,11 @@ def test_prepared_splits_equal_tokenizing_in_memory_and_are_memory_mapped(tmp_pa
 
 
 def _split_dirs(vocab_directory):
-  return [os.path.join(vocab_directory, d) for d in os.listdir(vocab_directory)
-          if os.path.isdir(os.path.join(vocab_directory, d))]
+  return [
+      os.path.join(vocab_directory, d)
+      for d in os.listdir(vocab_directory)
+      if os.path.isdir(os.path.join(vocab_directory, d))
+  ]
 
 
 def test_a_second_load_reuses_the_cache_without_reading_the_corpus(tmp_path, monkeypatch, caplog):
@@ -99,8 +102,9 @@ def test_a_workdir_with_another_vocabulary_never_uses_the_cache_of_the_trained_o
   trained = pipeline.load_dataset(cached_config(tmp_path, cache))
   (tmp_path / "other").mkdir()
   small_corpus(tmp_path / "other", seed=1)
-  other = pipeline.load_dataset(cached_config(tmp_path / "other", tmp_path / "cache2"),
-                                str(tmp_path / "run"))  # a workdir with other pieces
+  other = pipeline.load_dataset(
+      cached_config(tmp_path / "other", tmp_path / "cache2"), str(tmp_path / "run")
+  )  # a workdir with other pieces
   dataset = pipeline.load_dataset(cached_config(tmp_path, cache), str(tmp_path / "run"))
   assert dataset.cache_dir != trained.cache_dir
   sentence = dataset.splits["train"].pairs[0][0]
@@ -168,8 +172,14 @@ def test_a_killed_preparation_leaves_no_cache_and_the_rerun_finishes_it(tmp_path
       pipeline.load_dataset(cached_config({str(tmp_path)!r}, {str(cache)!r}))
   """)
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-  proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                        timeout=300, check=False)
+  proc = subprocess.run(
+      [sys.executable, "-c", script],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
   assert proc.returncode == -9, proc.stderr
   vocab = [d for d in complete_dirs(cache)]
   assert len(vocab) == 1 and "/" not in vocab[0]  # the vocabulary was done; no split is
@@ -187,8 +197,13 @@ def test_batches_from_prepared_arrays_equal_batches_from_lists(tmp_path):
   small_corpus(tmp_path)
   dataset = pipeline.load_dataset(cached_config(tmp_path, tmp_path / "cache"))
   examples = dataset.splits["train"].examples
-  kwargs = {"seed": 3, "bucket_lengths": (8, 16, 24), "tokens_per_batch": 192,
-            "batch_multiple": 2, "process_count": 2}
+  kwargs = {
+      "seed": 3,
+      "bucket_lengths": (8, 16, 24),
+      "tokens_per_batch": 192,
+      "batch_multiple": 2,
+      "process_count": 2,
+  }
   for process in range(2):
     mapped = batching.BatchIterator(examples, process_index=process, **kwargs)
     listed = batching.BatchIterator(list(examples), process_index=process, **kwargs)
@@ -203,15 +218,29 @@ def test_prepare_data_command_prepares_then_reuses_and_reports_errors_in_one_lin
 
   small_corpus(tmp_path)
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  command = [sys.executable, "-m", "transformer_jax.prepare_data",
-             "--config", os.path.join(repo, "configs/quickstart.py:smoke"),
-             "--config.data.source=text", f"--config.data.path={tmp_path}",
-             "--config.data.vocab_size=120", f"--workdir={tmp_path / 'runs' / 'a'}"]
+  command = [
+      sys.executable,
+      "-m",
+      "transformer_jax.prepare_data",
+      "--config",
+      os.path.join(repo, "configs/quickstart.py:smoke"),
+      "--config.data.source=text",
+      f"--config.data.path={tmp_path}",
+      "--config.data.vocab_size=120",
+      f"--workdir={tmp_path / 'runs' / 'a'}",
+  ]
   env = {**os.environ, "PYTHONPATH": repo, "JAX_PLATFORMS": "cpu"}
 
   def run(*extra):
-    return subprocess.run([*command, *extra], env=env, capture_output=True, text=True,
-                          timeout=300, check=False, cwd=repo)
+    return subprocess.run(
+        [*command, *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=repo,
+    )
 
   first = run()
   assert first.returncode == 0, first.stderr
@@ -236,16 +265,25 @@ def test_pipeline_benchmark_prepares_then_reuses(tmp_path):
 
   small_corpus(tmp_path, num_pairs=2000)
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  command = [sys.executable, os.path.join(repo, "benchmarks", "pipeline.py"),
-             "--config", os.path.join(repo, "configs/quickstart.py:smoke"),
-             "--config.data.source=text", f"--config.data.path={tmp_path}",
-             "--config.data.vocab_size=120", f"--config.data.cache_dir={tmp_path / 'cache'}",
-             "--config.data.packing=True", "--seconds=0.5", "--batch_multiple=1"]
+  command = [
+      sys.executable,
+      os.path.join(repo, "benchmarks", "pipeline.py"),
+      "--config",
+      os.path.join(repo, "configs/quickstart.py:smoke"),
+      "--config.data.source=text",
+      f"--config.data.path={tmp_path}",
+      "--config.data.vocab_size=120",
+      f"--config.data.cache_dir={tmp_path / 'cache'}",
+      "--config.data.packing=True",
+      "--seconds=0.5",
+      "--batch_multiple=1",
+  ]
   env = {**os.environ, "PYTHONPATH": repo, "JAX_PLATFORMS": "cpu"}
   records = []
   for _ in range(2):
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records.append(json.loads(proc.stdout.strip().splitlines()[-1]))
   first, second = records

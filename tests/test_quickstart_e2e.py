@@ -21,12 +21,19 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_quickstart_learns_the_synthetic_task(tmp_path):
   env = dict(os.environ)
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
+  flags = [
+      f
+      for f in env.get("XLA_FLAGS", "").split()
+      if not f.startswith("--xla_force_host_platform_device_count")
+  ]
   env["XLA_FLAGS"] = " ".join(flags)
   proc = subprocess.run(
       [sys.executable, "train.py", "--config", "configs/quickstart.py", "--workdir", str(tmp_path)],
-      cwd=REPO, capture_output=True, text=True, timeout=1800, env=env,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=1800,
+      env=env,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads((tmp_path / "results.json").read_text())

@@ -15,8 +15,9 @@ from transformer_jax import decode, train
 from transformer_jax.model import Transformer, stack_layer_params, unstack_layer_params
 from transformer_jax.model_config import TransformerConfig
 
-CONFIG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64,
-                           max_len=32, dropout_rate=0.1)
+CONFIG = TransformerConfig(
+    vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32, dropout_rate=0.1
+)
 B, S, T = 2, 7, 6
 
 
@@ -87,8 +88,10 @@ def test_scan_keeps_loss_and_gradients(params):
   assert_close(unstack_layer_params(stacked), params, rtol=0, atol=0)
   rng = jax.random.key(0)
   loss, grads = loss_and_grads(config, params, rng)
-  for scanned in (config.replace(scan_layers=True),
-                  config.replace(scan_layers=True, remat_policy="full")):
+  for scanned in (
+      config.replace(scan_layers=True),
+      config.replace(scan_layers=True, remat_policy="full"),
+  ):
     loss_scan, grads_scan = loss_and_grads(scanned, stacked, rng)
     np.testing.assert_allclose(loss_scan, loss, rtol=1e-6)
     assert_close(grads_scan, stack_layer_params(grads))
@@ -107,8 +110,7 @@ def test_scanned_init_has_the_stacked_tree_with_a_layers_axis():
 
 def test_scanned_parameters_shard_with_the_layers_axis_replicated():
   config = quickstart.get_config("smoke")
-  config.model.update(d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32,
-                      scan_layers=True)
+  config.model.update(d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32, scan_layers=True)
   config.mesh = {"data": 1, "fsdp": 4, "tensor": 2}
   config.sharding_rules = "fsdp"
   trainer = train.Trainer(config, config_lib.model_config(config, 200))  # nothing compiled
@@ -138,9 +140,7 @@ def test_scanned_model_decodes_with_per_layer_caches(params):
         stacked, cache, encoded if t == 0 else None, jnp.asarray(inputs),
         jnp.asarray(decoder_inputs[:, t]), t,
     )  # fmt: skip
-    np.testing.assert_allclose(
-        log_probs, jax.nn.log_softmax(full[:, t]), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(log_probs, jax.nn.log_softmax(full[:, t]), rtol=1e-5, atol=1e-5)
 
 
 def test_bad_remat_policy_names_the_field():
@@ -165,8 +165,10 @@ def test_output_projection_gradient_equals_autodiff(dtype):
     return lambda x, embedding: jnp.sum(fn(x, embedding) * w)
 
   np.testing.assert_array_equal(_output_projection(x, embedding), reference(x, embedding))
-  for got, want in zip(jax.grad(loss(_output_projection), (0, 1))(x, embedding),
-                       jax.grad(loss(reference), (0, 1))(x, embedding)):
+  for got, want in zip(
+      jax.grad(loss(_output_projection), (0, 1))(x, embedding),
+      jax.grad(loss(reference), (0, 1))(x, embedding),
+  ):
     assert got.dtype == want.dtype == dtype
     # The same products, summed in another order: float32 rounding (or one bfloat16 ulp) apart.
     tol = 1e-5 if dtype == jnp.float32 else 1e-2

@@ -81,7 +81,13 @@ def _find(tree, name):
 def test_attention_with_smaller_key_size_matches_the_formula():
   """Row (B): d_k = 4 < d_v = 8. The layer equals softmax(Q K^T / sqrt(d_k)) V W^O, per head."""
   config = TransformerConfig(
-      vocab_size=11, d_model=16, num_heads=2, key_dim=4, value_dim=8, num_layers=1, d_ff=32,
+      vocab_size=11,
+      d_model=16,
+      num_heads=2,
+      key_dim=4,
+      value_dim=8,
+      num_layers=1,
+      d_ff=32,
       deterministic=True,
   )
   params = random_params(config)
@@ -105,7 +111,7 @@ def test_attention_with_smaller_key_size_matches_the_formula():
   np.testing.assert_allclose(np.asarray(out[0]), expected, rtol=1e-5, atol=1e-5)
 
 
-SWEEP_CONFIG = '''
+SWEEP_CONFIG = """
 from testing import tiny_train_config
 
 from transformer_jax import sweep
@@ -123,7 +129,7 @@ def get_config(row):
   config.train.eval_every = 0
   sweep.apply_changes(config, PAPER[row][0])
   return config
-'''
+"""
 
 
 def _sweep(*args):
@@ -136,7 +142,11 @@ def _sweep(*args):
   )
   return subprocess.run(
       [sys.executable, "-m", "transformer_jax.sweep", *args],
-      capture_output=True, text=True, env=env, cwd=REPO, timeout=600,
+      capture_output=True,
+      text=True,
+      env=env,
+      cwd=REPO,
+      timeout=600,
   )
 
 
@@ -172,9 +182,7 @@ def test_sweep_trains_each_row_skips_finished_ones_and_writes_the_table(tmp_path
   assert "train.py" not in again.stderr.split("skipped")[-1]
 
   dry = _sweep(*args, "--dry_run", "--rows=narrow_ffn")
-  assert dry.stdout.strip().endswith(
-      f"--workdir={root / 'narrow_ffn'} --config.train.num_steps=2"
-  )
+  assert dry.stdout.strip().endswith(f"--workdir={root / 'narrow_ffn'} --config.train.num_steps=2")
 
 
 def test_override_parsing():

@@ -73,7 +73,7 @@ def test_verb_moves_to_the_end(task):
     words = src.split()
     verb = next(w for w in words if w in verb_translation)
     assert 2 <= words.index(verb) <= 4  # After the subject NP in the source ...
-    assert tuple(tgt.split()[-len(verb_translation[verb]):]) == verb_translation[verb]  # ... last.
+    assert tuple(tgt.split()[-len(verb_translation[verb]) :]) == verb_translation[verb]  # ... last.
 
 
 def test_adjectives_follow_the_noun_in_the_target(task):
@@ -98,8 +98,9 @@ def test_adjectives_follow_the_noun_in_the_target(task):
 def test_determiner_agrees_with_the_noun_gender(task):
   lex = task.lexicon
   noun_of = {entry[0]: i for i, entry in enumerate(lex.target_nouns)}
-  form_of = {w: (d, g) for d, forms in enumerate(lex.target_determiners)
-             for g, w in enumerate(forms)}
+  form_of = {
+      w: (d, g) for d, forms in enumerate(lex.target_determiners) for g, w in enumerate(forms)
+  }
   genders_seen = set()
   for _, tgt in task.pairs("test"):
     words = tgt.split()

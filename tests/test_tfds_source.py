@@ -107,4 +107,3 @@ def test_missing_tfds_says_how_to_install(monkeypatch):
   monkeypatch.setattr(builtins, "__import__", no_tfds)
   with pytest.raises(ImportError, match=r"pip install '\.\[tfds\]'"):
     tfds_source.load_splits("wmt14_translate/de-en", {"train": "train"}, "en", "de")
-

@@ -6,14 +6,14 @@ import sentencepiece as spm
 
 from transformer_jax.data import synthetic
 from transformer_jax.data.tokenizer import (
-  BOS_ID,
-  EOS_ID,
-  PAD_ID,
-  UNK_ID,
-  SentencePieceTokenizer,
-  WordTokenizer,
-  load_tokenizer,
-  train_sentencepiece,
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    SentencePieceTokenizer,
+    WordTokenizer,
+    load_tokenizer,
+    train_sentencepiece,
 )
 
 
@@ -101,8 +101,11 @@ def test_sentencepiece_rejects_missing_file(tmp_path):
 def test_sentencepiece_rejects_other_special_ids(tmp_path):
   # SentencePiece's own defaults (unk=0, bos=1, eos=2, no pad) clash with ours.
   sentences = [s for pair in synthetic.SyntheticTask(num_train=100).pairs("test") for s in pair]
-  spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences),
-                                 model_prefix=str(tmp_path / "default"), vocab_size=60,
-                                 minloglevel=2)
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences),
+      model_prefix=str(tmp_path / "default"),
+      vocab_size=60,
+      minloglevel=2,
+  )
   with pytest.raises(ValueError, match="special ids"):
     SentencePieceTokenizer(str(tmp_path / "default.model"))

@@ -17,11 +17,17 @@ from transformer_jax.model_config import TransformerConfig
 torch = pytest.importorskip("torch")
 
 E, H, F = 32, 4, 64  # d_model, heads, d_ff
-CONFIG = TransformerConfig(vocab_size=40, d_model=E, num_heads=H, num_layers=2, d_ff=F,
-                           max_len=32, dropout_rate=0.0, deterministic=True)
+CONFIG = TransformerConfig(
+    vocab_size=40,
+    d_model=E,
+    num_heads=H,
+    num_layers=2,
+    d_ff=F,
+    max_len=32,
+    dropout_rate=0.0,
+    deterministic=True,
+)
 BATCH, SOURCE_LEN, TARGET_LEN = 2, 7, 6
-
-
 
 
 def tensor(x):
@@ -51,9 +57,16 @@ def copy_norm(torch_norm, params):
 
 def torch_transformer(params):
   torch.manual_seed(0)  # torch's own init is overwritten below; the seed only fixes leftovers
-  model = torch.nn.Transformer(E, H, num_encoder_layers=2, num_decoder_layers=2,
-                               dim_feedforward=F, dropout=0.0, batch_first=True,
-                               layer_norm_eps=CONFIG.layer_norm_epsilon)
+  model = torch.nn.Transformer(
+      E,
+      H,
+      num_encoder_layers=2,
+      num_decoder_layers=2,
+      dim_feedforward=F,
+      dropout=0.0,
+      batch_first=True,
+      layer_norm_eps=CONFIG.layer_norm_epsilon,
+  )
   # torch.nn.Transformer always ends both stacks with an extra LayerNorm. The paper's post-LN
   # model (§3.1) has none: every layer already ends with LayerNorm(x + Sublayer(x)).
   model.encoder.norm = torch.nn.Identity()
@@ -81,7 +94,7 @@ def torch_transformer(params):
 def embed(params, tokens):
   """§3.4-3.5 by hand: embedding · √d_model + PE, the input both stacks of torch receive."""
   embedding = np.asarray(params["shared_embedding"]["embedding"])
-  positions = sinusoidal_positions(CONFIG.max_len, E)[:tokens.shape[1]]  # [L, e]
+  positions = sinusoidal_positions(CONFIG.max_len, E)[: tokens.shape[1]]  # [L, e]
   return tensor(embedding[tokens] * np.sqrt(E) + positions)  # [b, L, e]
 
 
@@ -110,8 +123,13 @@ def test_matches_torch_transformer():
   # Outside torch.no_grad on purpose: with gradients on, torch skips its inference fast path
   # (fused kernels, nested tensors that zero the padded positions) and runs the plain layers.
   memory = reference.encoder(embed(params, inputs), src_key_padding_mask=source_pad)
-  output = reference.decoder(embed(params, decoder_inputs), memory, tgt_mask=causal,
-                             tgt_key_padding_mask=target_pad, memory_key_padding_mask=source_pad)
+  output = reference.decoder(
+      embed(params, decoder_inputs),
+      memory,
+      tgt_mask=causal,
+      tgt_key_padding_mask=target_pad,
+      memory_key_padding_mask=source_pad,
+  )
   memory, output = memory.detach().numpy(), output.detach().numpy()
 
   np.testing.assert_allclose(encoded, memory, atol=1e-5)

@@ -222,6 +222,7 @@ def test_an_unreadable_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_
 
 
 class _FakeClock:
+
   def __init__(self):
     self.now = 1000.0
 
@@ -259,7 +260,8 @@ def test_chrono_leaves_pauses_out_of_throughput_not_out_of_the_budget(monkeypatc
   with chrono.paused():  # an evaluation of 10 s
     clock.now += 10.0
   assert chrono.throughput(tokens=200.0) == {
-      "target_tokens_per_s": pytest.approx(100.0), "steps_per_s": pytest.approx(2.0)
+      "target_tokens_per_s": pytest.approx(100.0),
+      "steps_per_s": pytest.approx(2.0),
   }
   assert chrono.train_seconds == pytest.approx(12.0)
   clock.now += 1.0  # the next interval starts after the report: 1 step in 1 s
@@ -305,8 +307,12 @@ def test_time_budget_is_the_runs_across_sessions(tmp_path):
 def test_a_run_stopped_before_enough_checkpoints_evaluates_its_latest_parameters(tmp_path):
   # §6.1 averaging wants 3 checkpoints; a budget spent at step 2 leaves fewer (steps 1 and 2).
   config = tiny_config(
-      num_steps=6, checkpoint_every=100, log_every=2, max_train_minutes=1e-9,
-      keep_checkpoints=3, average_last=3,
+      num_steps=6,
+      checkpoint_every=100,
+      log_every=2,
+      max_train_minutes=1e-9,
+      keep_checkpoints=3,
+      average_last=3,
   )
   workdir = str(tmp_path)
   results = train.run(config, workdir, devices=jax.devices()[:1])
@@ -451,8 +457,15 @@ def test_unknown_config_key_fails_before_any_work(tmp_path):
 def test_train_py_exits_143_on_sigterm_with_a_checkpoint(tmp_path):
   workdir = tmp_path / "w"
   overrides = ["--config.train.num_steps=100000", "--config.train.log_every=1"]
-  cmd = [sys.executable, "train.py", "--config", "configs/quickstart.py:smoke",
-         "--workdir", str(workdir), *overrides]
+  cmd = [
+      sys.executable,
+      "train.py",
+      "--config",
+      "configs/quickstart.py:smoke",
+      "--workdir",
+      str(workdir),
+      *overrides,
+  ]
   proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   metrics = workdir / "metrics.jsonl"
   try:
@@ -494,8 +507,9 @@ def test_quickstart_smoke_run_through_train_py(tmp_path):
   # The reported BLEU is sacreBLEU's on the written translations against the test references.
   from configs import quickstart
 
-  references = [t for _, t in pipeline.load_dataset(quickstart.get_config("smoke")).splits[
-      "test"].pairs]
+  references = [
+      t for _, t in pipeline.load_dataset(quickstart.get_config("smoke")).splits["test"].pairs
+  ]
   expected = sacrebleu.corpus_bleu(translations, [references])
   assert results["test_bleu"] == pytest.approx(expected.score)
   assert results["test_bleu_signature"] == str(expected)
@@ -549,6 +563,8 @@ def test_without_tensorboardx_metrics_go_to_metrics_jsonl_alone(tmp_path, monkey
   log.text(1, "eval/translations", "hyp: a")
   log.close()
   assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {
-      "step": 1, "kind": "train", "loss": 2.5
+      "step": 1,
+      "kind": "train",
+      "loss": 2.5,
   }
   assert not list(tmp_path.glob("events.out.tfevents.*"))

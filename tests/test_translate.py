@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from transformer_jax import (
-  average,
-  checkpoint,
-  inference,
-  train,
-  translate,
-  tune_decoding,
+    average,
+    checkpoint,
+    inference,
+    train,
+    translate,
+    tune_decoding,
 )
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -37,8 +37,9 @@ def test_average_of_checkpoints_is_the_mean_of_their_params(trained_run):
   workdir, results = trained_run
   assert results["parameters"] == "average of steps [3, 4]"
   run = translate.load_run(str(workdir), "latest")
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                          run.params)
+  abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), run.params
+  )
   # The full train state (optimizer included), as training restores it, for reference.
   trainer = train.Trainer(run.config, run.model_config, devices=jax.devices()[:1])
   manager = checkpoint.make_manager(str(workdir), keep=3, save_every=1)
@@ -117,9 +118,22 @@ def test_translate_cli(trained_run, tmp_path):
   source = tmp_path / "in.txt"
   source.write_text("a b c\n\nd e\n")
   proc = subprocess.run(
-      [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(workdir),
-       "--checkpoint", "avg", "--beam_size", "2"],
-      input=source.read_text(), capture_output=True, text=True, cwd=REPO, timeout=300,
+      [
+          sys.executable,
+          "-m",
+          "transformer_jax.translate",
+          "--workdir",
+          str(workdir),
+          "--checkpoint",
+          "avg",
+          "--beam_size",
+          "2",
+      ],
+      input=source.read_text(),
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=300,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = proc.stdout.splitlines()
@@ -130,7 +144,11 @@ def test_translate_cli(trained_run, tmp_path):
 def test_translate_without_checkpoint_fails_clearly(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(tmp_path)],
-      input="x\n", capture_output=True, text=True, cwd=REPO, timeout=120,
+      input="x\n",
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=120,
   )
   assert proc.returncode == 1
   assert "no config.json" in proc.stderr
@@ -140,12 +158,16 @@ def test_tune_decoding_picks_the_beam_and_alpha_with_the_best_validation_bleu(tr
   workdir, _ = trained_run
   result = tune_decoding.tune(str(workdir), [0.0, 1.0], beam_sizes=[1, 2])
   assert [(r["beam_size"], r["alpha"]) for r in result["sweep"]] == [
-      (1, 0.0), (1, 1.0), (2, 0.0), (2, 1.0)
+      (1, 0.0),
+      (1, 1.0),
+      (2, 0.0),
+      (2, 1.0),
   ]
   # The best validation BLEU; on ties the smaller beam, then the smaller α.
   order = sorted(result["sweep"], key=lambda r: (-r["valid_bleu"], r["beam_size"], r["alpha"]))
   assert (result["best_beam_size"], result["best_alpha"]) == (
-      order[0]["beam_size"], order[0]["alpha"]
+      order[0]["beam_size"],
+      order[0]["alpha"],
   )
   assert json.loads((workdir / "decoding_sweep.json").read_text()) == result
   written = (workdir / "test_translations.tuned.txt").read_text().splitlines()
@@ -158,8 +180,12 @@ def test_tune_decoding_picks_the_beam_and_alpha_with_the_best_validation_bleu(tr
 
   def shapes(split):
     sources = [s for s, _ in dataset.splits[split].examples]
-    return {x.shape for _, x in inference.translation_batches(
-        sources, buckets, inference.DEFAULT_BATCH_TOKENS, jax.device_count())}
+    return {
+        x.shape
+        for _, x in inference.translation_batches(
+            sources, buckets, inference.DEFAULT_BATCH_TOKENS, jax.device_count()
+        )
+    }
 
   assert result["search_compilations"] == 2 * len(shapes("eval")) + len(
       shapes("test") - shapes("eval")
@@ -207,8 +233,8 @@ def test_translation_batches_sort_by_length_and_size_by_tokens():
     for row, i in enumerate(real):
       ids = sources[i][: length - 1] + [1]
       np.testing.assert_array_equal(inputs[row, : len(ids)], ids)
-      assert np.all(inputs[row, len(ids):] == 0)
-    assert np.all(inputs[len(real):] == inputs[0])  # filler: a copy of the first sentence
+      assert np.all(inputs[row, len(ids) :] == 0)
+    assert np.all(inputs[len(real) :] == inputs[0])  # filler: a copy of the first sentence
     seen.extend(real.tolist())
   assert sorted(seen) == list(range(len(sources)))
 
@@ -217,26 +243,49 @@ def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run
   workdir, _ = trained_run
   source = tmp_path / "in.txt"
   source.write_bytes(b"a b c\n\nd e\nb c d e\r\nc\n")
-  common = [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(workdir),
-            "--beam_size", "2", "--compilation_cache", str(tmp_path / "jax_cache")]
-  whole = subprocess.run(common + ["--input", str(source)], capture_output=True, text=True,
-                         cwd=REPO, timeout=300, check=False)
+  common = [
+      sys.executable,
+      "-m",
+      "transformer_jax.translate",
+      "--workdir",
+      str(workdir),
+      "--beam_size",
+      "2",
+      "--compilation_cache",
+      str(tmp_path / "jax_cache"),
+  ]
+  whole = subprocess.run(
+      common + ["--input", str(source)],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=300,
+      check=False,
+  )
   assert whole.returncode == 0, whole.stderr[-2000:]
   assert len(whole.stdout.splitlines()) == 5
   assert "sentences/s" in whole.stderr.splitlines()[-1]
-  chunked = subprocess.run(common + ["--chunk_lines", "2", "--output", str(tmp_path / "o.txt")],
-                           input=source.read_bytes(), capture_output=True, cwd=REPO, timeout=300,
-                           check=False)
+  chunked = subprocess.run(
+      common + ["--chunk_lines", "2", "--output", str(tmp_path / "o.txt")],
+      input=source.read_bytes(),
+      capture_output=True,
+      cwd=REPO,
+      timeout=300,
+      check=False,
+  )
   assert chunked.returncode == 0, chunked.stderr[-2000:]
   assert (tmp_path / "o.txt").read_text() == whole.stdout  # same lines, same order
   assert any((tmp_path / "jax_cache").iterdir())  # compiled searches were kept
 
   bad = tmp_path / "latin1.txt"
   bad.write_bytes("a b\nNaïve café\n".encode("latin-1"))
-  for extra, kwargs, name in ((["--input", str(bad)], {}, str(bad)),
-                              ([], {"input": bad.read_bytes()}, "standard input")):
-    proc = subprocess.run(common + extra, capture_output=True, cwd=REPO, timeout=300,
-                          check=False, **kwargs)
+  for extra, kwargs, name in (
+      (["--input", str(bad)], {}, str(bad)),
+      ([], {"input": bad.read_bytes()}, "standard input"),
+  ):
+    proc = subprocess.run(
+        common + extra, capture_output=True, cwd=REPO, timeout=300, check=False, **kwargs
+    )
     assert proc.returncode == 1
     last = proc.stderr.decode().strip().splitlines()[-1]
     assert last.startswith(f"error: {name} line 2 is not valid UTF-8"), last
@@ -245,9 +294,23 @@ def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run
 def test_decode_benchmark_reports_speed_memory_steps_and_device(trained_run):
   workdir, _ = trained_run
   proc = subprocess.run(
-      [sys.executable, "benchmarks/decode.py", "--workdir", str(workdir), "--repeats", "1",
-       "--beam_size", "2", "--batch_tokens", "256"],
-      capture_output=True, text=True, cwd=REPO, timeout=600, check=False,
+      [
+          sys.executable,
+          "benchmarks/decode.py",
+          "--workdir",
+          str(workdir),
+          "--repeats",
+          "1",
+          "--beam_size",
+          "2",
+          "--batch_tokens",
+          "256",
+      ],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=600,
+      check=False,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])

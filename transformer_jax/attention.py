@@ -260,9 +260,7 @@ class MultiHeadAttention(nn.Module):
         projection(name, (cfg.d_model, cfg.num_heads, key_dim), qkv_axes, 0, (1, 2))
         for name in ("query", "key")
     )
-    w_value = projection(
-        "value", (cfg.d_model, cfg.num_heads, value_dim), qkv_axes, 0, (1, 2)
-    )
+    w_value = projection("value", (cfg.d_model, cfg.num_heads, value_dim), qkv_axes, 0, (1, 2))
     query = jnp.einsum("bqe,ehd->bqhd", inputs_q.astype(cfg.dtype), w_query)  # [b, q, h, d_k]
 
     def project_kv():
@@ -333,7 +331,8 @@ class MultiHeadAttention(nn.Module):
         "out",
         (cfg.num_heads, value_dim, cfg.d_model),
         (sharding.HEADS, sharding.KV, sharding.EMBED),
-        (0, 1), 2,
+        (0, 1),
+        2,
     )  # W^O [h, d_v, e]
     return jnp.einsum("bqhd,hde->bqe", out, w_out)  # [b, q, e]
 

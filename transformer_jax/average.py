@@ -26,9 +26,9 @@ def average_workdir(workdir: str, num: int) -> list[int]:
   Reads the parameters of each checkpoint only (inference.restore_params), never the optimizer.
   """
   from transformer_jax import (  # heavy (JAX); keeps --help fast
-    checkpoint,
-    inference,
-    sharding,
+      checkpoint,
+      inference,
+      sharding,
   )
   from transformer_jax import config as config_lib
   from transformer_jax.data import pipeline

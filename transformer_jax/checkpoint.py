@@ -139,7 +139,10 @@ def _set_aside(manager: ocp.CheckpointManager, steps: list[int]):
       (directory / str(step)).rename(target)
       logging.warning(
           "checkpoint step %d could not be read and was moved to %s; training resumes from "
-          "an older step (move it back into %s to retry it)", step, target, directory,
+          "an older step (move it back into %s to retry it)",
+          step,
+          target,
+          directory,
       )
   distributed.sync("checkpoint.set_aside")
   manager.reload()

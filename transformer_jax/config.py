@@ -150,8 +150,9 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
   to today's so a run trained before a change still resumes and translates: label_smoothing was
   a key of `model` (now of `train`), and optional model fields were 0 for "unset" (now None).
   """
-  saved = {section: dict(value) if isinstance(value, dict) else value
-           for section, value in saved.items()}
+  saved = {
+      section: dict(value) if isinstance(value, dict) else value for section, value in saved.items()
+  }
   for old, new in _MOVED_KEYS.items():
     old_section, old_key = old.split(".")
     new_section, new_key = new.split(".")
@@ -198,8 +199,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "data.max_len",
       f"exceeds model.max_len={config.model.max_len}, the positional table's length",
   )
-  check(not os.path.isfile(d.cache_dir), "data.cache_dir",
-        "is a file; it should be a directory for prepared corpora (or '' for the default)")
+  check(
+      not os.path.isfile(d.cache_dir),
+      "data.cache_dir",
+      "is a file; it should be a directory for prepared corpora (or '' for the default)",
+  )
   check(d.bucket_step >= 1, "data.bucket_step", "must be >= 1")
   check(d.num_buckets >= 1, "data.num_buckets", "must be >= 1")
   check(d.spm_max_sentences >= 1, "data.spm_max_sentences", "must be >= 1")
@@ -215,8 +219,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(t.warmup_steps >= 1, "train.warmup_steps", "must be >= 1")
   check(t.lr_multiplier > 0, "train.lr_multiplier", "must be > 0")
   check(0 <= t.label_smoothing < 1, "train.label_smoothing", "must be in [0, 1)")
-  check(0 <= t.cooldown_steps <= t.num_steps, "train.cooldown_steps",
-        f"must be in [0, train.num_steps={t.num_steps}]")
+  check(
+      0 <= t.cooldown_steps <= t.num_steps,
+      "train.cooldown_steps",
+      f"must be in [0, train.num_steps={t.num_steps}]",
+  )
   check(0 <= t.adam_b1 < 1, "train.adam_b1", "must be in [0, 1)")
   check(0 <= t.adam_b2 < 1, "train.adam_b2", "must be in [0, 1)")
   check(t.adam_eps > 0, "train.adam_eps", "must be > 0")

@@ -55,7 +55,6 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
   return True
 
 
-
 # ----------------------------------------------------------------------------- multi-host helpers
 # Each is the single-process answer when there is one process, so callers need no branch.
 

@@ -47,9 +47,7 @@ def load_config(workdir: str, beam_size: int | None = None, alpha: float | None 
   decode on this machine's devices: batch split over all of them, parameters replicated."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    raise errors.UserError(
-        f"{workdir} has no config.json: is it the --workdir of a training run?"
-    )
+    raise errors.UserError(f"{workdir} has no config.json: is it the --workdir of a training run?")
   with open(path) as f:
     saved = json.load(f)
   # On top of today's defaults, older key layouts mapped, so a run saved before a change loads.
@@ -90,9 +88,7 @@ def restore_params(workdir: str, step: int, abstract: Any) -> Any:
     with ocp.PyTreeCheckpointer() as checkpointer:
       restored = checkpointer.restore(
           path,
-          args=ocp.args.PyTreeRestore(
-              item=item, restore_args=restore_args, partial_restore=True
-          ),
+          args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True),
       )
   except Exception as e:
     raise checkpoint.CheckpointError(
@@ -271,8 +267,9 @@ def translation_batches(
   """
   if batch_tokens < 1:
     raise errors.UserError(f"batch_tokens={batch_tokens} must be >= 1")
-  lengths = np.fromiter((min(len(s) + 1, bucket_lengths[-1]) for s in sources), np.int64,
-                        count=len(sources))
+  lengths = np.fromiter(
+      (min(len(s) + 1, bucket_lengths[-1]) for s in sources), np.int64, count=len(sources)
+  )
   bucket_of = np.searchsorted(np.asarray(bucket_lengths), lengths)  # first bucket >= length
   order = np.argsort(lengths, kind="stable")
 
@@ -292,7 +289,7 @@ def translation_batches(
     for row, i in enumerate(index):
       ids = list(sources[i])[: length - 1] + [EOS_ID]
       inputs[row, : len(ids)] = ids
-    inputs[len(index):] = inputs[0]  # filler rows: a copy of the first sentence
+    inputs[len(index) :] = inputs[0]  # filler rows: a copy of the first sentence
     yield np.concatenate([index, np.full(rows - len(index), -1, index.dtype)]), inputs
     start = end
 

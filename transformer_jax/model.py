@@ -62,9 +62,7 @@ class AddPositions(nn.Module):
     else:
       table = self.param(
           "position_embedding",
-          nn.with_logical_partitioning(
-              nn.initializers.normal(stddev=0.02), (None, sharding.EMBED)
-          ),
+          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, sharding.EMBED)),
           (cfg.max_len, cfg.d_model),
           cfg.param_dtype,
       )
@@ -97,7 +95,9 @@ class FeedForward(nn.Module):
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.MLP,)),
         name="wi",
-    )(x)  # [b, L, f]
+    )(
+        x
+    )  # [b, L, f]
     h = nn.relu(h)
     h = nn.with_logical_constraint(h, (sharding.BATCH, sharding.LENGTH, sharding.MLP))
     return nn.Dense(
@@ -109,7 +109,9 @@ class FeedForward(nn.Module):
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)),
         name="wo",
-    )(h)  # [b, L, e]
+    )(
+        h
+    )  # [b, L, e]
 
 
 def _layer_norm(cfg: TransformerConfig, name: str) -> nn.LayerNorm:

@@ -123,8 +123,13 @@ def plot(runs: dict[str, list[dict]], output: str, x: str = "step") -> None:
       xs, ys = series[name]
       if xs:
         axes.flat[panel].plot(
-            xs, ys, style, color=f"C{color % 10}", marker="o" if len(xs) < 12 else None,
-            markersize=3, label=label if panel == 0 else None,
+            xs,
+            ys,
+            style,
+            color=f"C{color % 10}",
+            marker="o" if len(xs) < 12 else None,
+            markersize=3,
+            label=label if panel == 0 else None,
         )
   for axis, (title, log_scale) in zip(axes.flat, PANELS):
     axis.set_title(title, fontsize=10)
@@ -187,10 +192,14 @@ def main(argv):
   output = args.output or os.path.join(args.workdir[0], "curves.png")
   _check_output(output)
   plot(runs, output, args.x)
-  print(json.dumps({
-      "output": output,
-      "runs": [summary(w, r) for w, r in zip(args.workdir, runs.values())],
-  }))
+  print(
+      json.dumps(
+          {
+              "output": output,
+              "runs": [summary(w, r) for w, r in zip(args.workdir, runs.values())],
+          }
+      )
+  )
 
 
 if __name__ == "__main__":

@@ -51,9 +51,9 @@ def attention_weights(model_config, params, source_ids, target_ids) -> dict[str,
   model = Transformer(model_config.replace(deterministic=True, decode=False))
   inputs = np.asarray([source_ids], np.int32)  # [1, s]
   decoder_inputs = np.asarray([[BOS_ID, *target_ids[:-1]]], np.int32)  # [1, t], shifted right
-  _, state = jax.jit(
-      lambda p, x, y: model.apply({"params": p}, x, y, mutable=["intermediates"])
-  )(params, inputs, decoder_inputs)
+  _, state = jax.jit(lambda p, x, y: model.apply({"params": p}, x, y, mutable=["intermediates"]))(
+      params, inputs, decoder_inputs
+  )
   maps = {}
   for path, value in jax.tree_util.tree_leaves_with_path(state["intermediates"]):
     names = [getattr(k, "key", None) for k in path]
@@ -71,17 +71,24 @@ def token_labels(tokenizer, ids) -> list[str]:
 def draw(maps: dict[str, np.ndarray], layer: int, labels: dict[str, list[str]], output: str):
   """One row per attention kind of `layer`, one column per head; writes `output` (PNG)."""
   plt = plot.pyplot()
-  rows = [(title, maps[f"{stack}/layer_{layer}/{name}"], stack, name)
-          for stack, name, title in KINDS]
+  rows = [
+      (title, maps[f"{stack}/layer_{layer}/{name}"], stack, name) for stack, name, title in KINDS
+  ]
   heads = rows[0][1].shape[0]
   figure, axes = plt.subplots(
-      len(rows), heads, figsize=(2.2 * heads + 1, 2.4 * len(rows) + 1), squeeze=False,
+      len(rows),
+      heads,
+      figsize=(2.2 * heads + 1, 2.4 * len(rows) + 1),
+      squeeze=False,
       constrained_layout=True,
   )
   for r, (title, weights, stack, name) in enumerate(rows):
     query_labels = labels["source"] if stack == "encoder" else labels["output"]
-    key_labels = {"encoder": labels["source"], "self_attention": labels["decoder_input"],
-                  "cross_attention": labels["source"]}[stack if stack == "encoder" else name]
+    key_labels = {
+        "encoder": labels["source"],
+        "self_attention": labels["decoder_input"],
+        "cross_attention": labels["source"],
+    }[stack if stack == "encoder" else name]
     for h in range(heads):
       axis = axes[r][h]
       axis.imshow(weights[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
@@ -94,7 +101,11 @@ def draw(maps: dict[str, np.ndarray], layer: int, labels: dict[str, list[str]], 
 
 
 def figure_for_sentence(
-    workdir: str, sentence: str, layer: int = -1, which: str = "auto", beam_size=None,
+    workdir: str,
+    sentence: str,
+    layer: int = -1,
+    which: str = "auto",
+    beam_size=None,
     output: str = "",
 ) -> dict:
   """Translates `sentence` with the run in `workdir` and draws one layer's attention."""
@@ -121,8 +132,12 @@ def figure_for_sentence(
   }
   output = output or os.path.join(workdir, "attention.png")
   draw(maps, layer, labels, output)
-  return {"output": output, "translation": translation, "checkpoint": run.checkpoint,
-          "layer": layer}
+  return {
+      "output": output,
+      "translation": translation,
+      "checkpoint": run.checkpoint,
+      "layer": layer,
+  }
 
 
 def main(argv):

@@ -64,12 +64,16 @@ def main(argv):
         "tokens": split.manifest["num_tokens"],
         "directory": split.directory,
     }
-  print(json.dumps({
-      "prepared": vocab_directory,
-      "reused": not missing,
-      "seconds": round(time.perf_counter() - start, 1),
-      "splits": splits,
-  }))
+  print(
+      json.dumps(
+          {
+              "prepared": vocab_directory,
+              "reused": not missing,
+              "seconds": round(time.perf_counter() - start, 1),
+              "splits": splits,
+          }
+      )
+  )
 
 
 if __name__ == "__main__":

@@ -154,8 +154,13 @@ def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> Partition
     names = (axes,) if isinstance(axes, str) else tuple(axes or ())
     shards = math.prod(mesh.shape[a] for a in names)
     if shards > 1 and size % shards:
-      logging.info("sharding: dimension %d of %s does not divide by %s=%d; replicated",
-                   size, tuple(shape), names, shards)
+      logging.info(
+          "sharding: dimension %d of %s does not divide by %s=%d; replicated",
+          size,
+          tuple(shape),
+          names,
+          shards,
+      )
       axes = None
     fitted.append(axes)
   return PartitionSpec(*fitted)

@@ -70,7 +70,7 @@ def load_sweep(path: str):
 
 
 def parse_override(text: str) -> tuple[str, object]:
-  """"train.num_steps=2000" -> ("train.num_steps", 2000); a value Python cannot read is a str."""
+  """ "train.num_steps=2000" -> ("train.num_steps", 2000); a value Python cannot read is a str."""
   key, sep, raw = text.partition("=")
   if not sep or not key:
     raise UserError(f"--override {text!r}: expected KEY=VALUE, e.g. train.num_steps=2000")
@@ -109,8 +109,11 @@ def row_config(module, row: str, overrides: list[tuple[str, object]]):
 
 def command(config_path: str, row: str, workdir: str, overrides: list[str]) -> list[str]:
   return [
-      sys.executable, str(REPO / "train.py"), f"--config={config_path}:{row}",
-      f"--workdir={workdir}", *(f"--config.{o}" for o in overrides),
+      sys.executable,
+      str(REPO / "train.py"),
+      f"--config={config_path}:{row}",
+      f"--workdir={workdir}",
+      *(f"--config.{o}" for o in overrides),
   ]
 
 
@@ -165,9 +168,15 @@ def _read_results(path: epath.Path) -> dict:
 
 def markdown(records: list[dict]) -> str:
   columns = [
-      ("row", "row"), ("changes", "changes"), ("params_m", "params (M)"), ("steps", "steps"),
-      ("ppl", "PPL"), ("bleu", "BLEU"), ("paper_ppl", "paper PPL"),
-      ("paper_bleu", "paper BLEU"), ("paper_params_m", "paper params (M)"),
+      ("row", "row"),
+      ("changes", "changes"),
+      ("params_m", "params (M)"),
+      ("steps", "steps"),
+      ("ppl", "PPL"),
+      ("bleu", "BLEU"),
+      ("paper_ppl", "paper PPL"),
+      ("paper_bleu", "paper BLEU"),
+      ("paper_params_m", "paper params (M)"),
   ]
   lines = [
       "| " + " | ".join(title for _, title in columns) + " |",

@@ -29,14 +29,14 @@ import optax
 import tqdm
 
 from transformer_jax import (
-  checkpoint,
-  distributed,
-  errors,
-  losses,
-  optim,
-  preemption,
-  sharding,
-  xla_flags,
+    checkpoint,
+    distributed,
+    errors,
+    losses,
+    optim,
+    preemption,
+    sharding,
+    xla_flags,
 )
 from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
@@ -111,8 +111,9 @@ def train_step(
     # Micro-batch k takes rows k, k + A, k + 2A, ... so each device's rows split evenly across
     # micro-batches and no data moves between devices. [B, L] -> [A, B/A, L].
     micro = jax.tree.map(
-        lambda x: x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:])
-        .swapaxes(0, 1),
+        lambda x: x.reshape(
+            x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:]
+        ).swapaxes(0, 1),
         batch,
     )
 
@@ -132,9 +133,7 @@ def train_step(
         lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro), rngs={"dropout": rng})[1]
     )
     init = (zeros(state.params), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
-    (grads, metrics), _ = jax.lax.scan(
-        accumulate, init, (jnp.arange(grad_accum_steps), micro)
-    )
+    (grads, metrics), _ = jax.lax.scan(accumulate, init, (jnp.arange(grad_accum_steps), micro))
 
   denominator = jnp.maximum(metrics["weight_sum"], 1.0)
   grads = jax.tree.map(lambda g: g / denominator, grads)
@@ -519,7 +518,8 @@ def run(
   log = MetricLog(workdir)
   # Marks a session: its elapsed_s count from zero again (transformer_jax/plot.py adds them up).
   log.write(
-      start_step, "start",
+      start_step,
+      "start",
       {"resumed": resumed, "train_seconds_before": round(chrono.prior_seconds, 1)},
   )
   # A run whose budget was spent in an earlier session trains no further: like a run that reached
@@ -528,7 +528,8 @@ def run(
   if last_step < num_steps:
     logging.info(
         "train.max_train_minutes=%g was spent in earlier sessions (%.0f s): no training",
-        t.max_train_minutes, chrono.prior_seconds,
+        t.max_train_minutes,
+        chrono.prior_seconds,
     )
   dropout_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
   periodic_eval = functools.partial(
@@ -567,13 +568,18 @@ def run(
       preempted = preempt.reached(step)  # SIGTERM: save this step, stop (preemption.py)
       with chrono.paused():
         checkpoint.save(
-            manager, step, state, {**train_iter.get_state(), **chrono.state()},
+            manager,
+            step,
+            state,
+            {**train_iter.get_state(), **chrono.state()},
             force=step == num_steps or out_of_time or preempted,
         )
       if out_of_time:
         logging.info(
             "train.max_train_minutes=%g spent: stopping at step %d of %d",
-            t.max_train_minutes, step, num_steps,
+            t.max_train_minutes,
+            step,
+            num_steps,
         )
       if out_of_time or preempted:
         break
@@ -597,7 +603,9 @@ def run(
     # oldest could be the barely trained first one, so evaluate the latest rather than fail here.
     logging.warning(
         "train.average_last=%d but %d checkpoints exist: evaluating step %d, not an average",
-        t.average_last, held, int(state.step),
+        t.average_last,
+        held,
+        int(state.step),
     )
     evaluated += f" (not averaged: {held} checkpoints < train.average_last={t.average_last})"
   elif t.average_last:
@@ -638,7 +646,9 @@ def _restore_or_init(manager, trainer, train_iter, chrono, seed, workdir) -> Tra
   train_iter.set_state(data_state)
   logging.info(
       "resumed from step %d in %s (%.0f s of training so far)",
-      int(state.step), workdir, chrono.prior_seconds,
+      int(state.step),
+      workdir,
+      chrono.prior_seconds,
   )
   return state
 
@@ -700,7 +710,12 @@ def _train_subset_loss(trainer: Trainer, params, examples, buckets) -> dict:
 
 
 def final_evaluation(
-    trainer: Trainer, params, dataset, buckets, workdir: str, log: MetricLog | None = None,
+    trainer: Trainer,
+    params,
+    dataset,
+    buckets,
+    workdir: str,
+    log: MetricLog | None = None,
     step: int = 0,
 ) -> dict:
   """Loss/perplexity on the eval split and on as many training pairs (dropout off); test's
@@ -738,4 +753,3 @@ def final_evaluation(
           else f"beam {trainer.config.eval.beam_size}, alpha {trainer.config.eval.alpha}"
       ),
   }
-

@@ -82,22 +82,27 @@ def _define_flags():
   # Defined only when run as a program, so importing this module defines no flags.
   flags.DEFINE_string("workdir", None, "The training run's --workdir.")
   flags.DEFINE_string(
-      "checkpoint", "auto", "A step number, 'latest', 'avg', or 'auto' (what the run's final "
-      "evaluation used: the average when train.average_last is set, else the latest)."
+      "checkpoint",
+      "auto",
+      "A step number, 'latest', 'avg', or 'auto' (what the run's final "
+      "evaluation used: the average when train.average_last is set, else the latest).",
   )
   flags.DEFINE_integer("beam_size", None, "Beam size (1 = greedy); default: the run's.")
   flags.DEFINE_float("alpha", None, "Length penalty α; default: the run's.")
   flags.DEFINE_string("input", None, "Input file (default: standard input).")
   flags.DEFINE_string("output", None, "Output file (default: standard output).")
   flags.DEFINE_integer(
-      "batch_tokens", None, "Source tokens per batch (rows = batch_tokens // padded length); "
-      "default: inference.DEFAULT_BATCH_TOKENS."
+      "batch_tokens",
+      None,
+      "Source tokens per batch (rows = batch_tokens // padded length); "
+      "default: inference.DEFAULT_BATCH_TOKENS.",
   )
   flags.DEFINE_integer(
       "chunk_lines", 20_000, "Lines read, translated and written at a time (memory bound)."
   )
   flags.DEFINE_string(
-      "compilation_cache", default_compilation_cache(),
+      "compilation_cache",
+      default_compilation_cache(),
       "JAX persistent compilation cache directory; empty to turn it off.",
   )
 

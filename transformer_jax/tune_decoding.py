@@ -69,16 +69,26 @@ def tune(
   for beam in beams:
     for alpha in alphas:
       scores = _score(decode(beam, alpha, valid), [t for _, t in valid.pairs])
-      sweep.append({"beam_size": beam, "alpha": alpha,
-                    **{f"valid_{k}": v for k, v in scores.items()}})
-      logging.info("beam %d, α=%g: validation BLEU %.2f (length ratio %.3f)", beam, alpha,
-                   scores["bleu"], scores["length_ratio"])
+      sweep.append(
+          {"beam_size": beam, "alpha": alpha, **{f"valid_{k}": v for k, v in scores.items()}}
+      )
+      logging.info(
+          "beam %d, α=%g: validation BLEU %.2f (length ratio %.3f)",
+          beam,
+          alpha,
+          scores["bleu"],
+          scores["length_ratio"],
+      )
   best = max(sweep, key=lambda r: (r["valid_bleu"], -r["beam_size"], -r["alpha"]))
   hypotheses = decode(best["beam_size"], best["alpha"], test)
   references = [t for _, t in test.pairs]
   test_scores = _score(hypotheses, references)
-  logging.info("the search compiled %d times (%d α values, beam sizes %s)",
-               run.predictor.traces, len(alphas), beams)
+  logging.info(
+      "the search compiled %d times (%d α values, beam sizes %s)",
+      run.predictor.traces,
+      len(alphas),
+      beams,
+  )
   result = {
       "workdir": workdir,
       "parameters": run.checkpoint,

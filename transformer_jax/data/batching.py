@@ -71,8 +71,8 @@ class _Packed:
   def from_arrays(cls, arrays) -> _Packed:
     """From prepared.TokenArrays, without copying (ids were checked when prepared)."""
     self = cls.__new__(cls)
-    self.lengths = np.diff(arrays.offsets)                                 # [N]
-    self.starts = np.asarray(arrays.offsets[:-1])                          # [N]
+    self.lengths = np.diff(arrays.offsets)  # [N]
+    self.starts = np.asarray(arrays.offsets[:-1])  # [N]
     # A plain ndarray view of the map: numpy.memmap adds Python overhead to every gather.
     self.flat = np.asarray(arrays.tokens) if len(arrays.tokens) else np.zeros(1, np.int32)
     return self
@@ -83,7 +83,8 @@ class _Packed:
     total = int(self.lengths.sum())
     # Iterating a numpy array yields slow numpy scalars; .tolist() first is ~5x faster.
     tokens = itertools.chain.from_iterable(
-        s.tolist() if isinstance(s, np.ndarray) else s for s in seqs)
+        s.tolist() if isinstance(s, np.ndarray) else s for s in seqs
+    )
     # One trailing PAD so clipped indices of empty sequences stay in range.
     self.flat = np.fromiter(itertools.chain(tokens, [PAD_ID]), dtype=np.int64, count=total + 1)
     bad = (self.flat[:-1] < 0) | np.isin(self.flat[:-1], (PAD_ID, EOS_ID, BOS_ID))
@@ -92,19 +93,21 @@ class _Packed:
       raise ValueError(
           f"{side} ids of example {example} contain {int(self.flat[np.argmax(bad)])}: "
           f"ids must be >= 0 and not PAD/EOS/BOS ({PAD_ID}/{EOS_ID}/{BOS_ID}), "
-          "which batching adds itself; tokenize with encode(), which appends none.")
+          "which batching adds itself; tokenize with encode(), which appends none."
+      )
     self.flat = self.flat.astype(np.int32)
 
-  def rows(self, index: np.ndarray, length: int, lengths: np.ndarray, bos: bool,
-           eos: bool) -> np.ndarray:
+  def rows(
+      self, index: np.ndarray, length: int, lengths: np.ndarray, bos: bool, eos: bool
+  ) -> np.ndarray:
     """[len(index), length] ids of examples `index` (-1: an all-PAD row).
 
     `lengths` are the (possibly truncated) lengths, which leave room for BOS/EOS.
     """
     valid = index >= 0
-    lens = np.where(valid, lengths[index], 0)                              # [R]
-    pos = np.arange(length)[None, :] - int(bos)                            # [1, L]
-    in_sentence = (pos >= 0) & (pos < lens[:, None])                       # [R, L]
+    lens = np.where(valid, lengths[index], 0)  # [R]
+    pos = np.arange(length)[None, :] - int(bos)  # [1, L]
+    in_sentence = (pos >= 0) & (pos < lens[:, None])  # [R, L]
     flat_index = np.clip(self.starts[index][:, None] + pos, 0, len(self.flat) - 1)
     out = np.where(in_sentence, self.flat[flat_index], PAD_ID).astype(np.int32)  # [R, L]
     if bos:
@@ -122,10 +125,15 @@ class _Corpus:
     if len(examples) == 0:
       raise ValueError("examples is empty: nothing to batch. Check the data path and split.")
     bucket_lengths = tuple(int(b) for b in bucket_lengths)
-    if not bucket_lengths or bucket_lengths[0] < 2 or any(
-        a >= b for a, b in zip(bucket_lengths, bucket_lengths[1:])):
-      raise ValueError(f"bucket_lengths={bucket_lengths} must be strictly increasing and "
-                       ">= 2 (one token plus EOS/BOS); see make_bucket_lengths(max_len).")
+    if (
+        not bucket_lengths
+        or bucket_lengths[0] < 2
+        or any(a >= b for a, b in zip(bucket_lengths, bucket_lengths[1:]))
+    ):
+      raise ValueError(
+          f"bucket_lengths={bucket_lengths} must be strictly increasing and "
+          ">= 2 (one token plus EOS/BOS); see make_bucket_lengths(max_len)."
+      )
     self.bucket_lengths = bucket_lengths
     if hasattr(examples, "source") and hasattr(examples, "target"):  # prepared.Examples
       self.src = _Packed.from_arrays(examples.source)
@@ -135,12 +143,12 @@ class _Corpus:
       self.tgt = _Packed([t for _, t in examples], "target")
     # The longest bucket is max_len; keep one slot for EOS (and BOS, on the target side).
     cap = bucket_lengths[-1] - 1
-    self.src_lengths = np.minimum(self.src.lengths, cap)                  # [N]
-    self.tgt_lengths = np.minimum(self.tgt.lengths, cap)                  # [N]
+    self.src_lengths = np.minimum(self.src.lengths, cap)  # [N]
+    self.tgt_lengths = np.minimum(self.tgt.lengths, cap)  # [N]
     self.num_truncated = int(((self.src.lengths > cap) | (self.tgt.lengths > cap)).sum())
     # Smallest bucket that holds both sides; one bucket for both keeps shapes few.
-    needed = np.maximum(self.src_lengths, self.tgt_lengths) + 1           # [N]
-    self.bucket = np.searchsorted(bucket_lengths, needed, side="left")    # [N]
+    needed = np.maximum(self.src_lengths, self.tgt_lengths) + 1  # [N]
+    self.bucket = np.searchsorted(bucket_lengths, needed, side="left")  # [N]
 
   def __len__(self) -> int:
     return len(self.src_lengths)
@@ -148,30 +156,35 @@ class _Corpus:
   def packed_rows(self, pairs: np.ndarray, counts: np.ndarray, length: int) -> Batch:
     """[len(counts), length] packed rows: row r holds the next counts[r] pairs of `pairs`."""
     num_rows, n = len(counts), len(pairs)
-    row_of = np.repeat(np.arange(num_rows), counts)                         # [n]
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])                   # [R]
-    segment = (np.arange(n) - first[row_of] + 1).astype(np.int32)          # [n] 1-based
+    row_of = np.repeat(np.arange(num_rows), counts)  # [n]
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])  # [R]
+    segment = (np.arange(n) - first[row_of] + 1).astype(np.int32)  # [n] 1-based
     batch = {}
-    for side, packed, lengths in (("inputs", self.src, self.src_lengths),
-                                  ("targets", self.tgt, self.tgt_lengths)):
-      lens = lengths[pairs]                                                 # [n]
-      end = np.cumsum(lens + 1)                                             # [n] ids + EOS
-      start = end - lens - 1                                                # [n] in the chunk
-      pair_of = np.repeat(np.arange(n), lens + 1)                           # [T]
-      pos = np.arange(int(end[-1]) if n else 0) - start[pair_of]            # [T] in its pair
-      is_id = pos < lens[pair_of]                                           # [T] else EOS
+    for side, packed, lengths in (
+        ("inputs", self.src, self.src_lengths),
+        ("targets", self.tgt, self.tgt_lengths),
+    ):
+      lens = lengths[pairs]  # [n]
+      end = np.cumsum(lens + 1)  # [n] ids + EOS
+      start = end - lens - 1  # [n] in the chunk
+      pair_of = np.repeat(np.arange(n), lens + 1)  # [T]
+      pos = np.arange(int(end[-1]) if n else 0) - start[pair_of]  # [T] in its pair
+      is_id = pos < lens[pair_of]  # [T] else EOS
       flat_index = np.where(is_id, packed.starts[pairs][pair_of] + pos, 0)
       # One flat index into [R * L]: the pair's row, and its offset in the row plus pos.
       cell = (row_of * length + start - start[first[row_of]])[pair_of] + pos  # [T]
       values = np.where(is_id, np.take(packed.flat, flat_index), EOS_ID)
-      for key, fill in ((side, values), (f"{side}_positions", pos),
-                        (f"{side}_segmentation", segment[pair_of])):
-        out = np.zeros(num_rows * length, np.int32)                         # [R * L]
+      for key, fill in (
+          (side, values),
+          (f"{side}_positions", pos),
+          (f"{side}_segmentation", segment[pair_of]),
+      ):
+        out = np.zeros(num_rows * length, np.int32)  # [R * L]
         out[cell] = fill
-        batch[key] = out.reshape(num_rows, length)                          # [R, L]
+        batch[key] = out.reshape(num_rows, length)  # [R, L]
     # Decoder inputs: the targets shifted right within each pair, BOS first (§3.1).
     targets = batch["targets"]
-    decoder_inputs = np.zeros_like(targets)                                 # [R, L]
+    decoder_inputs = np.zeros_like(targets)  # [R, L]
     decoder_inputs[:, 1:] = targets[:, :-1]
     decoder_inputs[batch["targets_positions"] == 0] = BOS_ID
     decoder_inputs[batch["targets_segmentation"] == 0] = PAD_ID
@@ -195,8 +208,13 @@ _OPEN_ROWS = 8
 _PACK_PART = 1 << 17
 
 
-def pack(order: np.ndarray, src_need: np.ndarray, tgt_need: np.ndarray, length: int,
-         open_rows: int = _OPEN_ROWS) -> tuple[np.ndarray, np.ndarray]:
+def pack(
+    order: np.ndarray,
+    src_need: np.ndarray,
+    tgt_need: np.ndarray,
+    length: int,
+    open_rows: int = _OPEN_ROWS,
+) -> tuple[np.ndarray, np.ndarray]:
   """Pairs `order` into rows of `length` positions a side, first fit over `open_rows` rows.
 
   A pair needs src_need[i] positions of the source row and tgt_need[i] of the target row
@@ -258,20 +276,33 @@ class BatchIterator:
       *_segmentation and *_positions.
   """
 
-  def __init__(self, examples: Sequence[Example], *, seed: int, bucket_lengths: Sequence[int],
-               tokens_per_batch: int | None = None, batch_size: int | None = None,
-               shuffle: bool = True, batch_multiple: int = 1, process_index: int = 0,
-               process_count: int = 1, drop_remainder: bool = True, packing: bool = False):
+  def __init__(
+      self,
+      examples: Sequence[Example],
+      *,
+      seed: int,
+      bucket_lengths: Sequence[int],
+      tokens_per_batch: int | None = None,
+      batch_size: int | None = None,
+      shuffle: bool = True,
+      batch_multiple: int = 1,
+      process_index: int = 0,
+      process_count: int = 1,
+      drop_remainder: bool = True,
+      packing: bool = False,
+  ):
     if batch_multiple < 1:
       raise ValueError(f"batch_multiple={batch_multiple} must be >= 1.")
     if not 0 <= process_index < process_count:
-      raise ValueError(f"process_index={process_index} must be in [0, process_count="
-                       f"{process_count}).")
+      raise ValueError(
+          f"process_index={process_index} must be in [0, process_count=" f"{process_count})."
+      )
     if batch_multiple % process_count:
       raise ValueError(
           f"batch_multiple={batch_multiple} must be a multiple of process_count="
           f"{process_count} so every process gets the same number of rows; pass the "
-          "global device count (jax.device_count()).")
+          "global device count (jax.device_count())."
+      )
     if packing:
       bucket_lengths = tuple(bucket_lengths)[-1:]  # one row length: max_len
     self._packing = packing
@@ -292,7 +323,8 @@ class BatchIterator:
       raise ValueError(
           f"No full batch in {len(self._corpus)} examples: every bucket holds fewer "
           f"examples than its batch rows {self.rows_per_bucket}. Lower tokens_per_batch/"
-          "batch_size or pass drop_remainder=False.")
+          "batch_size or pass drop_remainder=False."
+      )
 
   @property
   def batches_per_epoch(self) -> int:
@@ -311,18 +343,23 @@ class BatchIterator:
   def _rows_per_bucket(self, tokens_per_batch, batch_size, batch_multiple) -> list[int]:
     lengths = self._corpus.bucket_lengths
     if (tokens_per_batch is None) == (batch_size is None):
-      raise ValueError(f"Give exactly one of tokens_per_batch={tokens_per_batch} and "
-                       f"batch_size={batch_size}.")
+      raise ValueError(
+          f"Give exactly one of tokens_per_batch={tokens_per_batch} and "
+          f"batch_size={batch_size}."
+      )
     if batch_size is not None:
       if batch_size < 1 or batch_size % batch_multiple:
-        raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
-                         f"batch_multiple={batch_multiple}.")
+        raise ValueError(
+            f"batch_size={batch_size} must be a positive multiple of "
+            f"batch_multiple={batch_multiple}."
+        )
       return [batch_size] * len(lengths)
     if tokens_per_batch < batch_multiple * lengths[-1]:
       raise ValueError(
           f"tokens_per_batch={tokens_per_batch} is too small: the longest bucket "
           f"(L={lengths[-1]}) needs batch_multiple*L = {batch_multiple * lengths[-1]} tokens "
-          "for one row per device. Raise tokens_per_batch or lower the max length.")
+          "for one row per device. Raise tokens_per_batch or lower the max length."
+      )
     return [tokens_per_batch // length // batch_multiple * batch_multiple for length in lengths]
 
   @property
@@ -333,7 +370,7 @@ class BatchIterator:
   def _order(self, epoch: int) -> tuple[np.ndarray, np.random.Generator]:
     rng = np.random.default_rng([self._seed, epoch])
     n = len(self._corpus)
-    return (rng.permutation(n) if self._shuffle else np.arange(n)), rng    # [N]
+    return (rng.permutation(n) if self._shuffle else np.arange(n)), rng  # [N]
 
   def _plan(self, epoch: int, part: int) -> list:
     """Global batches of one part of an epoch as (bucket, example indices), or with packing as
@@ -341,7 +378,7 @@ class BatchIterator:
     if self._packing:
       if self._order_cache[0] != epoch:
         self._order_cache = (epoch, self._order(epoch)[0])
-      order = self._order_cache[1][part * _PACK_PART:(part + 1) * _PACK_PART]
+      order = self._order_cache[1][part * _PACK_PART : (part + 1) * _PACK_PART]
       return self._packed_plan(order)
     order, rng = self._order(epoch)
     # A stable sort by bucket keeps the shuffled order within each bucket.
@@ -349,9 +386,9 @@ class BatchIterator:
     bounds = np.searchsorted(self._corpus.bucket[order], np.arange(len(self._rows) + 1))
     plan = []
     for b, rows in enumerate(self._rows):
-      members = order[bounds[b]:bounds[b + 1]]
+      members = order[bounds[b] : bounds[b + 1]]
       for start in range(0, len(members), rows):
-        chunk = members[start:start + rows]
+        chunk = members[start : start + rows]
         if len(chunk) < rows:
           if self._drop_remainder:
             break
@@ -364,17 +401,18 @@ class BatchIterator:
 
   def _packed_plan(self, order: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     corpus, rows = self._corpus, self._rows[0]
-    pairs, bounds = pack(order, corpus.src_lengths + 1, corpus.tgt_lengths + 1,
-                         corpus.bucket_lengths[0])
-    counts = np.diff(bounds)                                               # [num_rows]
+    pairs, bounds = pack(
+        order, corpus.src_lengths + 1, corpus.tgt_lengths + 1, corpus.bucket_lengths[0]
+    )
+    counts = np.diff(bounds)  # [num_rows]
     plan = []
     for start in range(0, len(counts), rows):
-      batch_counts = counts[start:start + rows]
+      batch_counts = counts[start : start + rows]
       if len(batch_counts) < rows:
         if self._drop_remainder:
           break
         batch_counts = np.concatenate([batch_counts, np.zeros(rows - len(batch_counts), np.int64)])
-      plan.append((pairs[bounds[start]:bounds[min(start + rows, len(counts))]], batch_counts))
+      plan.append((pairs[bounds[start] : bounds[min(start + rows, len(counts))]], batch_counts))
     return plan
 
   def __iter__(self) -> BatchIterator:
@@ -393,13 +431,13 @@ class BatchIterator:
       local_rows = len(counts) // self._process_count
       first = self._process_index * local_rows
       skip = int(counts[:first].sum())
-      counts = counts[first:first + local_rows]
-      pairs = pairs[skip:skip + int(counts.sum())]
+      counts = counts[first : first + local_rows]
+      pairs = pairs[skip : skip + int(counts.sum())]
       return self._corpus.packed_rows(pairs, counts, self._corpus.bucket_lengths[0])
     bucket, index = self._part_plan[self._batch]
     self._batch += 1
     local_rows = len(index) // self._process_count
-    local = index[self._process_index * local_rows:(self._process_index + 1) * local_rows]
+    local = index[self._process_index * local_rows : (self._process_index + 1) * local_rows]
     return self._corpus.batch(local, self._corpus.bucket_lengths[bucket])
 
   def get_state(self) -> dict:
@@ -407,8 +445,13 @@ class BatchIterator:
     without packing) of epoch `epoch`. `rows`, the global rows per bucket, lets a run resume on
     another number of devices or processes and still draw the same global batches
     (`set_state`)."""
-    return {"epoch": self._epoch, "part": self._part, "batch": self._batch,
-            "num_examples": len(self._corpus), "rows": list(self._rows)}
+    return {
+        "epoch": self._epoch,
+        "part": self._part,
+        "batch": self._batch,
+        "num_examples": len(self._corpus),
+        "rows": list(self._rows),
+    }
 
   def set_state(self, state: dict) -> None:
     """Resumes at `state`'s position. Elastic: a state saved with other global rows (another
@@ -420,7 +463,8 @@ class BatchIterator:
       raise ValueError(
           f"Saved data state is for {state['num_examples']} examples, this iterator has "
           f"{len(self._corpus)}: the training data changed since the checkpoint. Restore "
-          "the same data or start a new workdir.")
+          "the same data or start a new workdir."
+      )
     rows = [int(r) for r in state.get("rows", self._rows)]  # states saved before "rows" existed
     if rows != self._rows:
       if len(rows) != len(self._rows) or any(r % self._batch_multiple for r in rows):
@@ -429,26 +473,36 @@ class BatchIterator:
             f"{len(self._rows)} buckets with rows a multiple of batch_multiple="
             f"{self._batch_multiple} (devices x gradient accumulation, and processes): the "
             "batching settings or the device count changed incompatibly since the checkpoint. "
-            "Resume on a device count that divides the saved rows.")
-      logging.info("data: keeping the checkpoint's global rows per bucket %s (this device "
-                   "count alone would give %s): the same global batches", rows, self._rows)
+            "Resume on a device count that divides the saved rows."
+        )
+      logging.info(
+          "data: keeping the checkpoint's global rows per bucket %s (this device "
+          "count alone would give %s): the same global batches",
+          rows,
+          self._rows,
+      )
       self._rows = rows
       self._batches_per_epoch = None
     epoch, part = int(state["epoch"]), int(state.get("part", 0))
     if not 0 <= part < self._num_parts:
-      raise ValueError(f"Saved data state part={part} is outside [0, {self._num_parts}): "
-                       "packing was switched on or off since the checkpoint.")
+      raise ValueError(
+          f"Saved data state part={part} is outside [0, {self._num_parts}): "
+          "packing was switched on or off since the checkpoint."
+      )
     plan = self._plan(epoch, part)
     if not 0 <= state["batch"] <= len(plan):
-      raise ValueError(f"Saved data state batch={state['batch']} is outside [0, "
-                       f"{len(plan)}] (epoch {epoch}, part {part}): the batching settings "
-                       "changed since the checkpoint.")
+      raise ValueError(
+          f"Saved data state batch={state['batch']} is outside [0, "
+          f"{len(plan)}] (epoch {epoch}, part {part}): the batching settings "
+          "changed since the checkpoint."
+      )
     self._epoch, self._part, self._batch = epoch, part, int(state["batch"])
     self._part_plan = plan
 
 
-def eval_batches(examples: Sequence[Example], batch_size: int,
-                 bucket_lengths: Sequence[int]) -> Iterator[Batch]:
+def eval_batches(
+    examples: Sequence[Example], batch_size: int, bucket_lengths: Sequence[int]
+) -> Iterator[Batch]:
   """Every example exactly once, in fixed shapes, with "index" [B] to restore order.
 
   Examples are ordered by bucket (in their original order within a bucket) and cut into
@@ -462,12 +516,16 @@ def eval_batches(examples: Sequence[Example], batch_size: int,
     raise ValueError(f"batch_size={batch_size} must be >= 1.")
   corpus = _Corpus(examples, bucket_lengths)
   if corpus.num_truncated:
-    logging.warning("eval_batches: %d of %d pairs are longer than max_len=%d and were "
-                    "truncated; raise the last bucket length to evaluate them whole.",
-                    corpus.num_truncated, len(corpus), corpus.bucket_lengths[-1])
+    logging.warning(
+        "eval_batches: %d of %d pairs are longer than max_len=%d and were "
+        "truncated; raise the last bucket length to evaluate them whole.",
+        corpus.num_truncated,
+        len(corpus),
+        corpus.bucket_lengths[-1],
+    )
   order = np.argsort(corpus.bucket, kind="stable")
   for start in range(0, len(order), batch_size):
-    index = order[start:start + batch_size]
+    index = order[start : start + batch_size]
     length = corpus.bucket_lengths[corpus.bucket[index].max()]
     index = np.concatenate([index, np.full(batch_size - len(index), -1, index.dtype)])
     batch = corpus.batch(index, length)

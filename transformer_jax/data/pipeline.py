@@ -96,8 +96,11 @@ def default_cache_dir(workdir: str | None) -> str:
   return os.path.join(os.path.dirname(os.path.abspath(workdir)), "prepared")
 
 
-def load_dataset(config: ml_collections.ConfigDict, workdir: str | None = None,
-                 splits: Sequence[str] = SPLIT_KEYS) -> Dataset:
+def load_dataset(
+    config: ml_collections.ConfigDict,
+    workdir: str | None = None,
+    splits: Sequence[str] = SPLIT_KEYS,
+) -> Dataset:
   """Gets the workdir's vocabulary (or makes it) and the tokenized `splits` of the source.
 
   Real corpora are prepared into config.data.cache_dir (default: `default_cache_dir(workdir)`)
@@ -140,8 +143,9 @@ def load_dataset(config: ml_collections.ConfigDict, workdir: str | None = None,
   return dataset
 
 
-def split_sources(config: ml_collections.ConfigDict,
-                  splits: Sequence[str] = SPLIT_KEYS) -> dict[str, prepared.SplitSource]:
+def split_sources(
+    config: ml_collections.ConfigDict, splits: Sequence[str] = SPLIT_KEYS
+) -> dict[str, prepared.SplitSource]:
   """Where each of `splits` (and "train", which the vocabulary comes from) of a real corpus comes
   from (the TFDS dataset is downloaded and prepared if needed)."""
   d = config.data
@@ -164,8 +168,13 @@ def split_sources(config: ml_collections.ConfigDict,
   )
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str | None, cache_dir: str,
-            splits: Sequence[str] = SPLIT_KEYS, sources=None) -> tuple[str, bool]:
+def prepare(
+    config: ml_collections.ConfigDict,
+    workdir: str | None,
+    cache_dir: str,
+    splits: Sequence[str] = SPLIT_KEYS,
+    sources=None,
+) -> tuple[str, bool]:
   """Prepares what is missing (vocabulary, splits) into cache_dir from this process. Returns the
   vocabulary's directory and whether anything was missing. The workdir, if given, gets the
   vocabulary."""
@@ -210,9 +219,13 @@ def _load_prepared(config, workdir, cache_dir, splits) -> Dataset:
     directory = prepared.split_dir(vocab_directory, key, sources[key])
     split = prepared.open_split(directory, sources[key], vocab_directory)
     out[key] = Split(split.pairs, split.examples)
-  logging.info("data: %s %s (%.1fs), opened in %.1fs",
-               "prepared" if missing else "reused", vocab_directory, prepare_seconds,
-               time.perf_counter() - opened)
+  logging.info(
+      "data: %s %s (%.1fs), opened in %.1fs",
+      "prepared" if missing else "reused",
+      vocab_directory,
+      prepare_seconds,
+      time.perf_counter() - opened,
+  )
   seconds = {"prepare": prepare_seconds, "open": time.perf_counter() - opened}
   return Dataset(tokenizer, out, seconds, cache_dir=vocab_directory)
 

@@ -86,7 +86,7 @@ class TokenArrays:
 
   def __getitem__(self, i: int) -> np.ndarray:
     i = _check_index(i, len(self))
-    return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+    return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
   @classmethod
   def from_sequences(cls, seqs, dtype=np.int32) -> TokenArrays:
@@ -315,7 +315,10 @@ def _train_vocab(sentences: list[str], model_prefix: str, vocab_size: int) -> No
   start = time.perf_counter()
   try:
     train_sentencepiece(
-        sentences, model_prefix, vocab_size, model_type=SPM_MODEL_TYPE,
+        sentences,
+        model_prefix,
+        vocab_size,
+        model_type=SPM_MODEL_TYPE,
         max_sentences=len(sentences),
     )
   except RuntimeError as e:  # SentencePiece says e.g. "Vocabulary size too high (8000) ..."
@@ -325,7 +328,10 @@ def _train_vocab(sentences: list[str], model_prefix: str, vocab_size: int) -> No
     ) from e
   logging.info(
       "data: trained a %s SentencePiece vocabulary of %d on %d sentences in %.1fs",
-      SPM_MODEL_TYPE, vocab_size, len(sentences), time.perf_counter() - start,
+      SPM_MODEL_TYPE,
+      vocab_size,
+      len(sentences),
+      time.perf_counter() - start,
   )
 
 
@@ -338,8 +344,9 @@ def split_dir(vocab_directory: str, key: str, source: SplitSource) -> str:
   return os.path.join(vocab_directory, f"{key}-{_key(inputs)}")
 
 
-def prepare_split(vocab_directory: str, key: str, source: SplitSource,
-                  num_threads: int = -1) -> str:
+def prepare_split(
+    vocab_directory: str, key: str, source: SplitSource, num_threads: int = -1
+) -> str:
   """The split's directory, tokenized into it if missing."""
   final = split_dir(vocab_directory, key, source)
   if is_complete(final):
@@ -350,8 +357,12 @@ def prepare_split(vocab_directory: str, key: str, source: SplitSource,
   with _atomic_dir(final) as tmp:
     writers = {
         name: _ArrayWriter(os.path.join(tmp, name), dtype)
-        for name, dtype in (("source", np.int32), ("target", np.int32),
-                            ("source_text", np.uint8), ("target_text", np.uint8))
+        for name, dtype in (
+            ("source", np.int32),
+            ("target", np.int32),
+            ("source_text", np.uint8),
+            ("target_text", np.uint8),
+        )
     }
     num_pairs = 0
     for _, chunk in source.chunks(_CHUNK_PAIRS):
@@ -376,7 +387,10 @@ def prepare_split(vocab_directory: str, key: str, source: SplitSource,
     _write_json(os.path.join(tmp, "manifest.json"), manifest)
   logging.info(
       "data: tokenized %d pairs of %s into %s in %.1fs",
-      num_pairs, key, final, time.perf_counter() - start,
+      num_pairs,
+      key,
+      final,
+      time.perf_counter() - start,
   )
   return final
 
@@ -433,8 +447,11 @@ class _ArrayWriter:
     self.total += len(arrays.tokens)
 
   def close(self) -> int:
-    header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-              "shape": (self.total,)}
+    header = {
+        "descr": np.lib.format.dtype_to_descr(self.dtype),
+        "fortran_order": False,
+        "shape": (self.total,),
+    }
     self.file.seek(0)
     np.lib.format.write_array_header_1_0(self.file, header)
     assert self.file.tell() == self._HEADER, self.file.tell()
@@ -462,7 +479,7 @@ class _atomic_dir:
     os.makedirs(parent, exist_ok=True)
     prefix = f".tmp-{base}-{socket.gethostname()}-"
     for name in os.listdir(parent):
-      if name.startswith(prefix) and not _pid_alive(name[len(prefix):].split("-")[0]):
+      if name.startswith(prefix) and not _pid_alive(name[len(prefix) :].split("-")[0]):
         shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
     self.tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
     return self.tmp

@@ -57,14 +57,60 @@ PP_PROB = 0.5  # P(the sentence ends in a prepositional phrase).
 # Syllable inventories give each side a look of its own, so a reader can tell
 # source from target at a glance; the two sides never share a word.
 _SOURCE_SYLLABLES = (
-    ("b", "bl", "br", "d", "dr", "f", "fl", "g", "gr", "h", "j", "k", "l", "m",
-     "n", "p", "pl", "pr", "r", "s", "sh", "sl", "st", "t", "th", "tr", "w"),
+    (
+        "b",
+        "bl",
+        "br",
+        "d",
+        "dr",
+        "f",
+        "fl",
+        "g",
+        "gr",
+        "h",
+        "j",
+        "k",
+        "l",
+        "m",
+        "n",
+        "p",
+        "pl",
+        "pr",
+        "r",
+        "s",
+        "sh",
+        "sl",
+        "st",
+        "t",
+        "th",
+        "tr",
+        "w",
+    ),
     ("a", "e", "i", "o", "u", "ai", "ee", "oo", "ou"),
     ("", "", "n", "t", "ck", "sh", "st", "ll", "m", "p"),
 )
 _TARGET_SYLLABLES = (
-    ("b", "d", "f", "g", "h", "k", "kr", "l", "m", "n", "pf", "r", "s", "sch",
-     "st", "t", "v", "w", "z"),
+    (
+        "b",
+        "d",
+        "f",
+        "g",
+        "h",
+        "k",
+        "kr",
+        "l",
+        "m",
+        "n",
+        "pf",
+        "r",
+        "s",
+        "sch",
+        "st",
+        "t",
+        "v",
+        "w",
+        "z",
+    ),
     ("a", "e", "i", "o", "u", "au", "ei", "ie", "eu"),
     ("", "", "n", "r", "t", "ch", "ng", "tz", "rn", "lt"),
 )
@@ -79,7 +125,7 @@ SPLITS = ("train", "valid", "test")
 class Lexicon:
   """Source words and their translations; target entries are word tuples."""
 
-  determiners: tuple[str, ...]                     # [NUM_DETERMINERS]
+  determiners: tuple[str, ...]  # [NUM_DETERMINERS]
   target_determiners: tuple[tuple[str, ...], ...]  # [NUM_DETERMINERS][NUM_GENDERS]
   nouns: tuple[str, ...]
   noun_genders: tuple[int, ...]
@@ -92,12 +138,15 @@ class Lexicon:
   target_prepositions: tuple[tuple[str, ...], ...]
 
   def source_words(self) -> list[str]:
-    return [*self.determiners, *self.nouns, *self.adjectives, *self.verbs,
-            *self.prepositions]
+    return [*self.determiners, *self.nouns, *self.adjectives, *self.verbs, *self.prepositions]
 
   def target_words(self) -> list[str]:
-    entries = [*self.target_nouns, *self.target_adjectives, *self.target_verbs,
-               *self.target_prepositions]
+    entries = [
+        *self.target_nouns,
+        *self.target_adjectives,
+        *self.target_verbs,
+        *self.target_prepositions,
+    ]
     determiners = [w for forms in self.target_determiners for w in forms]
     return determiners + [w for entry in entries for w in entry]
 
@@ -111,8 +160,7 @@ def _make_lexicon(seed: int) -> Lexicon:
     # more than the ~200 needed, so this ends after a few tries.
     while True:
       n = rng.integers(1, max_syllables + 1)
-      w = "".join(part[rng.integers(len(part))]
-                  for _ in range(n) for part in syllables)
+      w = "".join(part[rng.integers(len(part))] for _ in range(n) for part in syllables)
       if len(w) >= 2 and w not in used:
         used.add(w)
         return w
@@ -122,15 +170,16 @@ def _make_lexicon(seed: int) -> Lexicon:
     num_two = round(count * two_word_fraction)
     tgt = tuple(
         tuple(word(_TARGET_SYLLABLES, 2) for _ in range(2 if i < num_two else 1))
-        for i in range(count))
+        for i in range(count)
+    )
     # Shuffle so two-word translations are not just the first entries.
     order = rng.permutation(count)
     return src, tuple(tgt[i] for i in order)
 
   determiners = tuple(word(_SOURCE_SYLLABLES, 1) for _ in range(NUM_DETERMINERS))
   target_determiners = tuple(
-      tuple(word(_TARGET_SYLLABLES, 1) for _ in range(NUM_GENDERS))
-      for _ in range(NUM_DETERMINERS))
+      tuple(word(_TARGET_SYLLABLES, 1) for _ in range(NUM_GENDERS)) for _ in range(NUM_DETERMINERS)
+  )
   nouns, target_nouns = entries(NUM_NOUNS, TWO_WORD_FRACTION)
   adjectives, target_adjectives = entries(NUM_ADJECTIVES)
   verbs, target_verbs = entries(NUM_VERBS, TWO_WORD_FRACTION)
@@ -162,8 +211,7 @@ def _sample_chunk(rng: np.random.Generator, lex: Lexicon) -> list[tuple[str, str
     # Offset by 1..NUM_ADJECTIVES-1 so an NP never repeats an adjective.
     adj2 = (adj1 + rng.integers(1, NUM_ADJECTIVES, size=n)) % NUM_ADJECTIVES
     # .tolist(): Python ints index tuples much faster than numpy scalars.
-    return list(zip(det.tolist(), noun.tolist(), num_adj.tolist(),
-                    adj1.tolist(), adj2.tolist()))
+    return list(zip(det.tolist(), noun.tolist(), num_adj.tolist(), adj1.tolist(), adj2.tolist()))
 
   subjects, objects, pp_objects = noun_phrases(), noun_phrases(), noun_phrases()
   verbs = rng.integers(NUM_VERBS, size=n).tolist()
@@ -174,9 +222,11 @@ def _sample_chunk(rng: np.random.Generator, lex: Lexicon) -> list[tuple[str, str
     det, noun, num_adj, adj1, adj2 = np_choice
     adjs = (adj1, adj2)[:num_adj]
     src = [lex.determiners[det], *(lex.adjectives[a] for a in adjs), lex.nouns[noun]]
-    tgt = [lex.target_determiners[det][lex.noun_genders[noun]],
-           *lex.target_nouns[noun],
-           *(w for a in adjs for w in lex.target_adjectives[a])]
+    tgt = [
+        lex.target_determiners[det][lex.noun_genders[noun]],
+        *lex.target_nouns[noun],
+        *(w for a in adjs for w in lex.target_adjectives[a]),
+    ]
     return src, tgt
 
   pairs = []

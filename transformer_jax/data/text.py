@@ -77,8 +77,9 @@ def count_lines(path: str) -> int:
   return count + (last != b"\n")
 
 
-def iter_parallel(source_path: str, target_path: str,
-                  chunk_lines: int) -> Iterator[tuple[list[int], list[Pair]]]:
+def iter_parallel(
+    source_path: str, target_path: str, chunk_lines: int
+) -> Iterator[tuple[list[int], list[Pair]]]:
   """`read_parallel` in chunks of `chunk_lines` line pairs, never holding the whole corpus.
 
   Yields (rows, pairs): the kept pairs, stripped, and their 0-based line numbers. Invalid UTF-8 and
@@ -141,8 +142,9 @@ def _utf8_error(path: str, data: bytes, e: UnicodeDecodeError, first_line: int =
   )
 
 
-def _raise_misaligned(source_path: str, source_count: int, target_path: str,
-                      target_count: int) -> None:
+def _raise_misaligned(
+    source_path: str, source_count: int, target_path: str, target_count: int
+) -> None:
   shorter, longer = sorted([(source_count, source_path), (target_count, target_path)])
   raise CorpusError(
       f"{source_path} has {source_count} lines but {target_path} has {target_count}: parallel "

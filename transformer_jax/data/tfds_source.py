@@ -73,8 +73,9 @@ def read_builder(
   check_builder(builder, splits, source_lang, target_lang)
   out = {}
   for key, split in splits.items():
-    out[key] = [pair for _, chunk in iter_pairs(builder, split, source_lang, target_lang)
-                for pair in chunk]
+    out[key] = [
+        pair for _, chunk in iter_pairs(builder, split, source_lang, target_lang) for pair in chunk
+    ]
   return out
 
 
@@ -99,8 +100,9 @@ def check_builder(builder: Any, splits, source_lang: str, target_lang: str) -> N
       )
 
 
-def iter_pairs(builder: Any, split: str, source_lang: str, target_lang: str,
-               chunk_size: int = _READ_BATCH) -> Iterator[tuple[list[int], list[Pair]]]:
+def iter_pairs(
+    builder: Any, split: str, source_lang: str, target_lang: str, chunk_size: int = _READ_BATCH
+) -> Iterator[tuple[list[int], list[Pair]]]:
   """(indices, pairs) of a prepared split in chunks: pairs stripped, those with an empty side
   skipped (and counted in a warning), indices their example numbers in the split."""
   tfds = import_tfds()

@@ -87,17 +87,20 @@ class WordTokenizer:
       if not word or word.split() != [word]:
         raise ValueError(
             f"WordTokenizer: word {word!r} is empty or contains whitespace; "
-            "words are split on whitespace, so it could never be produced.")
+            "words are split on whitespace, so it could never be produced."
+        )
       if word in RESERVED_TOKENS:
         raise ValueError(
             f"WordTokenizer: word {word!r} is a reserved token; pass only "
-            f"real words, the reserved {RESERVED_TOKENS} are added for you.")
+            f"real words, the reserved {RESERVED_TOKENS} are added for you."
+        )
     self._id_to_token = list(RESERVED_TOKENS) + words
     self._token_to_id = {t: i for i, t in enumerate(self._id_to_token)}
     if len(self._token_to_id) != len(self._id_to_token):
       dupes = sorted({w for w in words if words.count(w) > 1})
-      raise ValueError(f"WordTokenizer: duplicate words {dupes[:10]}; "
-                       "each word needs exactly one id.")
+      raise ValueError(
+          f"WordTokenizer: duplicate words {dupes[:10]}; " "each word needs exactly one id."
+      )
 
   @property
   def vocab_size(self) -> int:
@@ -106,7 +109,7 @@ class WordTokenizer:
   @property
   def words(self) -> list[str]:
     """The vocabulary without the reserved tokens, in id order (from id 4)."""
-    return self._id_to_token[len(RESERVED_TOKENS):]
+    return self._id_to_token[len(RESERVED_TOKENS) :]
 
   def encode(self, text: str) -> list[int]:
     return [self._token_to_id.get(w, UNK_ID) for w in text.split()]
@@ -126,13 +129,14 @@ class WordTokenizer:
   def load(cls, path: str) -> WordTokenizer:
     with open(path, encoding="utf-8") as f:
       tokens = f.read().splitlines()
-    header = tuple(tokens[:len(RESERVED_TOKENS)])
+    header = tuple(tokens[: len(RESERVED_TOKENS)])
     if header != RESERVED_TOKENS:
       raise ValueError(
           f"{path}: expected the first lines to be {RESERVED_TOKENS} (a file "
           f"written by WordTokenizer.save), found {header}. A SentencePiece "
-          "'.vocab' file cannot be loaded on its own: pass its '.model' file.")
-    return cls(tokens[len(RESERVED_TOKENS):])
+          "'.vocab' file cannot be loaded on its own: pass its '.model' file."
+      )
+    return cls(tokens[len(RESERVED_TOKENS) :])
 
 
 class SentencePieceTokenizer:
@@ -142,16 +146,17 @@ class SentencePieceTokenizer:
     if not os.path.exists(model_path):
       raise FileNotFoundError(
           f"SentencePiece model {model_path!r} not found; train one with "
-          "train_sentencepiece(...) or check the path.")
+          "train_sentencepiece(...) or check the path."
+      )
     self._sp = spm.SentencePieceProcessor(model_file=model_path)
-    got = (self._sp.pad_id(), self._sp.eos_id(), self._sp.bos_id(),
-           self._sp.unk_id())
+    got = (self._sp.pad_id(), self._sp.eos_id(), self._sp.bos_id(), self._sp.unk_id())
     want = (PAD_ID, EOS_ID, BOS_ID, UNK_ID)
     if got != want:
       # A model with other special ids would silently pad with a real token.
       raise ValueError(
           f"{model_path}: special ids (pad, eos, bos, unk) are {got}, this "
-          f"project needs {want}; retrain with train_sentencepiece(...).")
+          f"project needs {want}; retrain with train_sentencepiece(...)."
+      )
 
   @property
   def vocab_size(self) -> int:
@@ -175,11 +180,13 @@ class SentencePieceTokenizer:
       f.write(self._sp.serialized_model_proto())
 
 
-def train_sentencepiece(sentences: Iterable[str],
-                        model_prefix: str,
-                        vocab_size: int,
-                        model_type: str = "bpe",
-                        max_sentences: int = 5_000_000) -> SentencePieceTokenizer:
+def train_sentencepiece(
+    sentences: Iterable[str],
+    model_prefix: str,
+    vocab_size: int,
+    model_type: str = "bpe",
+    max_sentences: int = 5_000_000,
+) -> SentencePieceTokenizer:
   """Trains one joint vocabulary and returns it; writes `{model_prefix}.model`.
 
   Joint, because the paper shares one vocabulary (and one embedding matrix)
@@ -187,8 +194,10 @@ def train_sentencepiece(sentences: Iterable[str],
   Only the first `max_sentences` are read, bounding the trainer's memory.
   """
   if vocab_size <= len(RESERVED_TOKENS):
-    raise ValueError(f"vocab_size={vocab_size} leaves no room for pieces "
-                     f"beyond the {len(RESERVED_TOKENS)} reserved ids.")
+    raise ValueError(
+        f"vocab_size={vocab_size} leaves no room for pieces "
+        f"beyond the {len(RESERVED_TOKENS)} reserved ids."
+    )
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(itertools.islice(sentences, max_sentences)),
       model_prefix=model_prefix,
@@ -211,6 +220,8 @@ def load_tokenizer(path: str) -> Tokenizer:
     return SentencePieceTokenizer(path)
   if ext in (".txt", ".vocab"):
     return WordTokenizer.load(path)
-  raise ValueError(f"load_tokenizer: cannot tell the kind of {path!r} from its "
-                   "extension; use '.model' (SentencePiece) or '.txt'/'.vocab' "
-                   "(WordTokenizer, one word per line).")
+  raise ValueError(
+      f"load_tokenizer: cannot tell the kind of {path!r} from its "
+      "extension; use '.model' (SentencePiece) or '.txt'/'.vocab' "
+      "(WordTokenizer, one word per line)."
+  )
