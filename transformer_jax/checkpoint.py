@@ -167,12 +167,16 @@ def average_params(manager: ocp.CheckpointManager, abstract_state, num: int):
         f"asked to average {num} checkpoints but {manager.directory} holds {len(steps)} "
         f"({steps}); raise train.keep_checkpoints to keep enough"
     )
+  return mean_params(steps, lambda step: restore(manager, abstract_state, step)[0].params), steps
+
+
+def mean_params(steps: list[int], load_params):
+  """The float32 mean of `load_params(step)` over `steps`, one checkpoint held at a time."""
   total = None
   for step in steps:
-    state, _ = restore(manager, abstract_state, step)
-    params = jax.tree.map(lambda x: x.astype(jax.numpy.float32), state.params)
+    params = jax.tree.map(lambda x: x.astype(jax.numpy.float32), load_params(step))
     total = params if total is None else jax.tree.map(jax.numpy.add, total, params)
-  return jax.tree.map(lambda x: x / len(steps), total), steps
+  return jax.tree.map(lambda x: x / len(steps), total)
 
 
 AVERAGED_DIR = "averaged"

@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpoint, decode, errors, sharding, xla_flags
+from transformer_jax import checkpoint, decode, distributed, errors, sharding, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -124,11 +124,7 @@ def average_params(workdir: str, abstract: Any, num: int) -> tuple[Any, list[int
         f"asked to average {num} checkpoints but {workdir}/checkpoints holds {len(steps)} "
         f"({steps}); raise train.keep_checkpoints to keep enough"
     )
-  total = None
-  for step in steps:
-    params = jax.tree.map(lambda x: x.astype(jnp.float32), restore_params(workdir, step, abstract))
-    total = params if total is None else jax.tree.map(jnp.add, total, params)
-  return jax.tree.map(lambda x: x / len(steps), total), steps
+  return checkpoint.mean_params(steps, lambda step: restore_params(workdir, step, abstract)), steps
 
 
 def resolve_checkpoint(workdir: str, which: str, average_last: int) -> tuple[str, int | None]:
@@ -237,7 +233,7 @@ class LoadedRun:
         )
         pending.append((index, tokens, steps, inputs.shape[0]))
       for index, tokens, steps, rows in pending:
-        tokens, steps = _gather(tokens), int(_gather(steps))
+        tokens, steps = distributed.gather(tokens), int(distributed.gather(steps))
         for row, i in enumerate(index):
           if i >= 0:
             out[i] = self.tokenizer.decode(tokens[row].tolist())
@@ -299,14 +295,6 @@ def _to_global(batch_sharding, inputs: np.ndarray) -> jax.Array:
   rows = inputs.shape[0] // jax.process_count()
   start = jax.process_index() * rows
   return jax.make_array_from_process_local_data(batch_sharding, inputs[start : start + rows])
-
-
-def _gather(x) -> np.ndarray:
-  if jax.process_count() == 1:
-    return np.asarray(jax.device_get(x))
-  from jax.experimental import multihost_utils
-
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def load_run(
