@@ -40,8 +40,9 @@ class TableModel:
   """Next-token distributions looked up by prefix, one table per sentence, as a step_fn.
 
   tables[i] maps a prefix (tuple of generated tokens) to {token: probability}; prefixes not listed
-  use default[i]. The cache holds each row's prefix (so the search must gather it with the right
-  parent beams for the lookups to stay right), its sentence, and a scalar leaf shared by all rows.
+  use default[i]. The cache holds what each beam slot wrote at each position (the search's slot
+  table must name the right slots for the lookups to stay right), each row's sentence, and a
+  scalar leaf shared by all rows.
   `poison_from`: steps at that position or later return log P(EOS) = +100, an impossible value
   that would win if such a step were ever taken.
   """
@@ -93,19 +94,30 @@ def _search_table(table, alpha, max_len, beam_size, poison_from):
   batch, _, vocab = table.shape
   powers = (vocab + 1) ** jnp.arange(max_len)  # prefix code: sum_j (token_j + 1) * (v + 1)^j
 
-  def step_fn(tokens, cache, position):
-    prefix = cache["prefix"].at[:, position - 1].set(tokens)  # [rows, n]
-    code = jnp.sum((prefix + 1) * jnp.where(jnp.arange(max_len) < position, powers, 0), axis=-1)
+  def step_fn(tokens, cache, position, slots):
+    # Like the Transformer's KV cache: row j of sentence i writes its input token (chosen at
+    # position - 1) into its own slot (row i*k + j) at `position`, and reads its prefix's earlier
+    # positions q from the slots the search names, slots[i, j, q]. The search never reorders the
+    # cache, so a wrong slot table would look up the wrong prefixes.
+    batch, beams, n = slots.shape
+    written = cache["written"].at[:, position].set(tokens)  # [rows, n]
+    q = jnp.arange(n)
+    holder = jnp.where(q == position, jnp.arange(beams)[None, :, None], slots)  # [b, k, n]
+    holder_rows = (jnp.arange(batch)[:, None, None] * beams + holder).reshape(batch * beams, n)
+    prefix = written[holder_rows, q[None, :]]  # [rows, n]: position q holds token q - 1
+    code = jnp.sum(
+        (prefix[:, 1:] + 1) * jnp.where(q[1:] <= position, powers[:-1], 0), axis=-1
+    )
     log_probs = table[cache["sentence"], code]  # [rows, v]
     if poison_from is not None:
       poisoned = log_probs.at[:, EOS_ID].set(100.0)
       log_probs = jnp.where(position >= poison_from, poisoned, log_probs)
-    return log_probs, {"prefix": prefix, "sentence": cache["sentence"], "steps": cache["steps"] + 1}
+    return log_probs, {"written": written, "sentence": cache["sentence"], "steps": cache["steps"] + 1}
 
   cache = {
-      "prefix": jnp.zeros((batch, max_len), jnp.int32),
+      "written": jnp.zeros((batch, max_len), jnp.int32),
       "sentence": jnp.arange(batch),
-      "steps": jnp.array(0, jnp.int32),  # a scalar leaf: shared by all rows, never gathered
+      "steps": jnp.array(0, jnp.int32),  # a scalar leaf: shared by all rows
   }
   first_log_probs = table[:, 0]  # the empty prefix
   tokens, scores, _ = decode.beam_search_with_step_fn(
@@ -425,10 +437,10 @@ def test_blocks_of_cache_length_change_nothing():
 class RecordingDecoder(decode.IncrementalDecoder):
   """Records, for every decoding step traced, the rows decoded and the cross-attention cache."""
 
-  def step(self, params, cache, encoded, inputs, tokens, position):
+  def step(self, params, cache, encoded, inputs, tokens, position, slots=None):
     flat = flax.traverse_util.flatten_dict(cache)
     cross = {k: v for k, v in flat.items() if k[-1] in ("cross_key", "cross_value")}
-    log_probs, new_cache = super().step(params, cache, encoded, inputs, tokens, position)
+    log_probs, new_cache = super().step(params, cache, encoded, inputs, tokens, position, slots)
     out = flax.traverse_util.flatten_dict(new_cache)
     self.calls.append((tokens.shape[0], cross, {k: out[k] for k in cross}))
     return log_probs, new_cache
@@ -451,7 +463,7 @@ def test_cross_attention_caches_are_never_tiled_or_reordered():
       # handed to every step unchanged (not carried through the loop, so never gathered).
       assert value.shape[0] == batch and value is filled[key], key
       assert cross_out[key] is value
-  # And the split keeps them out of the per-beam state that the search reorders.
+  # And the split keeps them out of the per-beam state that the search carries.
   rows, sentence = decode.split_cache(decode.IncrementalDecoder(CONFIG).init_cache(inputs, N))
   assert all(k[-1] in decode.SENTENCE_CACHE_KEYS for k in flax.traverse_util.flatten_dict(sentence))
   assert not any(k[-1] in decode.SENTENCE_CACHE_KEYS for k in flax.traverse_util.flatten_dict(rows))

@@ -122,7 +122,7 @@ def test_scanned_parameters_shard_with_the_layers_axis_replicated():
 
 def test_scanned_model_decodes_with_per_layer_caches(params):
   """Cached decoding of a scanned model equals its own full forward pass, and the cache keeps
-  the unrolled layout ([b, n, h, d] per layer) that beam search reorders."""
+  the unrolled layout (keys [b, h, d, n] per layer, one beam slot) that beam search writes into."""
   config = CONFIG.replace(scan_layers=True, deterministic=True)
   stacked = stack_layer_params(params)
   inputs, decoder_inputs = example()
@@ -133,7 +133,7 @@ def test_scanned_model_decodes_with_per_layer_caches(params):
   cache = decoder.init_cache(jnp.asarray(inputs), T)
   layer_caches = cache["decoder"]["layers"]
   assert sorted(layer_caches) == ["layer_0", "layer_1"]
-  assert layer_caches["layer_1"]["self_attention"]["cached_key"].shape == (B, T, 4, 8)
+  assert layer_caches["layer_1"]["self_attention"]["cached_key"].shape == (B, 4, 8, T)
   encoded = decoder.encode(stacked, jnp.asarray(inputs))
   for t in range(3):
     log_probs, cache = step(

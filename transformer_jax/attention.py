@@ -139,6 +139,30 @@ def dot_product_attention(
   return (out, probabilities) if return_weights else out
 
 
+def cached_attention(
+    query: jax.Array, key_t: jax.Array, value: jax.Array, mask: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """Eq. 1 for decoding steps against a cache: softmax(Q Kᵀ / √d_k) V, per head.
+
+  query [b, q, h, d_k] (the q = k beams of a sentence, or one row), key_t [b, h, d_k, m],
+  value [b, h, m, d_v], mask [b, q | 1, m] bool -> (out [b, q, h, d_v], weights [b, h, q, m]).
+  The cache layouts make both products plain batched matmuls over (b, h): on a CPU the
+  [b, m, h, d] layout cost a transposition of the whole cache per step and layer (~5x slower).
+  """
+  depth = query.shape[-1]
+  query = query / jnp.sqrt(depth).astype(query.dtype)
+  # Both products in the [batch..., rows, columns] form of a batched matmul, with the (small)
+  # query and output transposed around them: an output in another order made XLA:CPU compute
+  # the product transposed, without its fast matmul kernels (~3x slower per step).
+  logits = jnp.einsum(
+      "bhqd,bhdm->bhqm", query.transpose(0, 2, 1, 3), key_t, preferred_element_type=jnp.float32
+  )  # [b, h, q, m]
+  logits = jnp.where(mask[:, None], logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1)  # [b, h, q, m], float32
+  out = jnp.einsum("bhqm,bhmd->bhqd", weights.astype(value.dtype), value)  # [b, h, q, d_v]
+  return out.transpose(0, 2, 1, 3), weights  # [b, q, h, d_v]
+
+
 def cudnn_unsupported_reason(dtype, head_dim: int, platform: str) -> str | None:
   """Why cuDNN's fused attention cannot run this call (None: it can). Checked before tracing
   the kernel, so `auto` falls back instead of failing inside jit."""
@@ -228,7 +252,8 @@ class MultiHeadAttention(nn.Module):
 
   Decoding (`config.decode=True`) keeps a cache in the "cache" collection for the decoder:
     * self-attention appends this step's key/value at `cache_index` (a KV cache, so each step
-      costs O(length) instead of re-running the prefix);
+      costs O(length) instead of re-running the prefix), one slot per beam; its `mask` argument
+      is then the beam search's slot table (`_append_to_cache`) or None;
     * encoder-decoder attention projects the encoder output once, on the first call that passes
       `inputs_kv`, and later calls pass `inputs_kv=None` to reuse the cached keys/values.
   """
@@ -272,27 +297,25 @@ class MultiHeadAttention(nn.Module):
 
     if not cfg.decode or self.kind == "encoder":
       key, value = project_kv()
+    elif self.is_initializing():  # decode mode's init call: creates the cache (shapes only)
+      key, value = project_kv()
+      if self.kind == "causal":
+        self._append_to_cache(key, value)
+        mask = None
+      else:
+        self._cross_attention_cache(lambda: (key, value))
     elif self.kind == "causal":
-      key, value, mask = self._append_to_cache(*project_kv())
+      return self._decode_step(query, *self._append_to_cache(*project_kv(), slots=mask))
     else:
-      key, value = self._cross_attention_cache(project_kv if inputs_kv is not None else None)
+      key_t, value = self._cross_attention_cache(project_kv if inputs_kv is not None else None)
+      valid = mask.key_valid if isinstance(mask, AttentionMask) else None
+      if valid is None:
+        valid = jnp.ones((key_t.shape[0], key_t.shape[-1]), bool)
+      return self._decode_step(query, key_t, value, valid[:, None, :])  # mask [b, 1, s]
 
     query = nn.with_logical_constraint(
         query, (sharding.BATCH, sharding.LENGTH, sharding.HEADS, sharding.KV)
     )
-    # Beam search keeps one copy of the encoder-decoder keys/values per sentence [b, s, h, d]
-    # while the queries come one per beam [b*k, 1, h, d], sentence-major: the k beams of a
-    # sentence become k queries against its one copy ([b, k, h, d]), so the cross-attention
-    # cache is never tiled or reordered with the beams.
-    beams = 1
-    if cfg.decode and self.kind == "cross" and query.shape[0] != key.shape[0]:
-      beams, rest = divmod(query.shape[0], key.shape[0])
-      if rest or query.shape[1] != 1:
-        raise ValueError(
-            f"cross-attention cache of batch {key.shape[0]} cannot serve queries "
-            f"{query.shape[:2]}: expected [batch * beams, 1]"
-        )
-      query = query.reshape((key.shape[0], beams) + query.shape[2:])  # [b, k, h, d_k]
     dropout = not cfg.deterministic and cfg.attention_dropout_rate > 0.0
     impl = attention_implementation(
         cfg.attention_impl,
@@ -325,52 +348,117 @@ class MultiHeadAttention(nn.Module):
         self.sow("intermediates", "attention_weights", weights)
     else:
       out = fused_dot_product_attention(query, key, value, mask, implementation=impl)
-    if beams > 1:
-      out = out.reshape((out.shape[0] * beams, 1) + out.shape[2:])  # [b*k, 1, h, d_v]
-    w_out = projection(
+    return self._output_projection(out)
+
+  def _output_projection(self, out: jax.Array) -> jax.Array:
+    """Concat(head_1..head_h) Wᴼ: out [b, q, h, d_v] -> [b, q, e]."""
+    cfg = self.config
+    kernel = self.param(
         "out",
-        (cfg.num_heads, value_dim, cfg.d_model),
-        (sharding.HEADS, sharding.KV, sharding.EMBED),
-        (0, 1),
-        2,
+        nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
+            (sharding.HEADS, sharding.KV, sharding.EMBED),
+        ),
+        (cfg.num_heads, cfg.head_value_dim, cfg.d_model),
+        cfg.param_dtype,
     )  # W^O [h, d_v, e]
-    return jnp.einsum("bqhd,hde->bqe", out, w_out)  # [b, q, e]
+    return jnp.einsum("bqhd,hde->bqe", out, jnp.asarray(kernel, cfg.dtype))  # [b, q, e]
 
-  def _append_to_cache(self, key, value):
-    """Writes one step's key/value [b, 1, h, d] into the cache; returns the whole cache + mask.
+  def _decode_step(self, query, key_t, value, mask):
+    """One decoding step's attention from the cache, then Wᴼ.
 
-    The cache is created (zeros) by an `init` call whose decoder input length fixes its shape
-    [b, n, h, d]; a search may grow n between steps (decode.py decodes in blocks of cache
-    length, so attention only reads the part written so far, rounded up to the block). The
-    causal mask follows the cache's length.
+    query [r, 1, h, d_k] with r = b * k rows (k beams per sentence, sentence-major; k = 1
+    outside beam search); key_t [b, h, d_k, m], value [b, h, m, d_v] and mask [b, k | 1, m]
+    hold one copy per sentence: the k rows of a sentence are k queries against it.
+    """
+    batch = key_t.shape[0]
+    beams, rest = divmod(query.shape[0], batch)
+    if rest or query.shape[1] != 1:
+      raise ValueError(
+          f"a decoding cache of batch {batch} cannot serve queries {query.shape[:2]}: "
+          "expected [batch * beams, 1]"
+      )
+    query = query.reshape((batch, beams) + query.shape[2:])  # [b, k, h, d_k]
+    out, weights = cached_attention(query, key_t, value, mask)  # [b, k, h, d_v]
+    if self.is_mutable_collection("intermediates"):
+      self.sow("intermediates", "attention_weights", weights)
+    out = out.reshape((batch * beams, 1) + out.shape[2:])  # [r, 1, h, d_v]
+    return self._output_projection(out)
+
+  def _append_to_cache(self, key, value, slots=None):
+    """Writes one step's keys/values [r, 1, h, d] into the cache; returns the cache and its mask.
+
+    The cache has one entry per sentence b and, in it, k slots, one per beam (k = 1 outside
+    beam search), position-major: keys [b, h, d_k, n*k] and values [b, h, n*k, d_v], column
+    p*k + j holding position p of slot j. So a step writes one contiguous block (the k slots of
+    position `cache_index`) in place, and its attention is two plain batched matmuls over
+    (b, h) that read the cache where it lies (other layouts made XLA:CPU transpose or copy the
+    whole cache every step and layer). Row j of sentence i (row i*k + j) writes slot j.
+
+    `slots` [b, k, N >= n] int32 (beam search, decode.py): slots[i, j, p] is the slot that holds
+    position p of beam j's prefix, so a beam search never moves the cache: it only reorders this
+    small table. Row j attends to (position p, slot slots[i, j, p]) for p < cache_index and to
+    its own slot at cache_index. None (k = 1): every position up to cache_index.
+
+    The cache is created (zeros, k = 1) by an `init` call whose decoder input length fixes n;
+    decode.py adds the beam slots (`expand_slots`) and may grow n between steps (it decodes in
+    blocks of cache length, so attention only reads the part written so far, rounded up to the
+    block). Returns key_t [b, h, d_k, n*k], value [b, h, n*k, d_v], mask [b, k, n*k].
     """
     is_initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    rows, length, heads, key_dim = key.shape
+    value_dim = value.shape[-1]
+    cached_key = self.variable(
+        "cache", "cached_key", jnp.zeros, (rows, heads, key_dim, length), key.dtype
+    )
+    cached_value = self.variable(
+        "cache", "cached_value", jnp.zeros, (rows, heads, length, value_dim), value.dtype
+    )
     cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not is_initialized:  # the init call: shapes only, no decoding step to take.
-      return key, value, None
-    batch, max_len, _, _ = cached_key.value.shape
-    if key.shape[1] != 1:
-      raise ValueError(f"cached decoding takes one token per step, got length {key.shape[1]}")
+      return None
+    if length != 1:
+      raise ValueError(f"cached decoding takes one token per step, got length {length}")
+    batch, _, _, columns = cached_key.value.shape
+    beams, rest = divmod(rows, batch)
+    if rest:
+      raise ValueError(f"a cache of {batch} sentences cannot take {rows} rows of keys")
+    max_len = columns // beams  # n
     index = cache_index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+    new_key = key.reshape(batch, beams, heads, key_dim).transpose(0, 2, 3, 1)  # [b, h, d_k, k]
+    new_value = value.reshape(batch, beams, heads, value_dim).transpose(0, 2, 1, 3)  # [b,h,k,d_v]
+    cached_key.value = jax.lax.dynamic_update_slice(
+        cached_key.value, new_key, (0, 0, 0, index * beams)
+    )
+    cached_value.value = jax.lax.dynamic_update_slice(
+        cached_value.value, new_value, (0, 0, index * beams, 0)
+    )
     cache_index.value = index + 1
-    # Causal mask for one query: keys written so far (positions <= index).
-    mask = (jnp.arange(max_len) <= index)[None, None, None, :]  # [1, 1, 1, max_len]
-    return cached_key.value, cached_value.value, jnp.broadcast_to(mask, (batch, 1, 1, max_len))
+    positions = jnp.arange(max_len)  # [n]
+    if slots is None:
+      if beams != 1:
+        raise ValueError(f"a cache with {beams} beam slots needs `slots` (decode.py)")
+      mask = jnp.broadcast_to(positions <= index, (batch, 1, max_len))  # [b, 1, n], causal
+    else:
+      beam = jnp.arange(beams)
+      slots = slots[:, :, :max_len]  # [b, k, n]
+      holder = jnp.where(positions == index, beam[:, None], slots)  # [b, k, n]: own slot at index
+      mask = (holder[..., None] == beam) & (positions <= index)[:, None]  # [b, k, n, k(slot)]
+      mask = mask.reshape(batch, beams, max_len * beams)
+    return cached_key.value, cached_value.value, mask
 
   def _cross_attention_cache(self, project_kv):
     """Encoder-decoder keys/values, projected once per sentence and then read from the cache.
 
-    The cache keeps the batch size of the sentences [b, s, h, d] whatever the number of beams
-    that read it (see `__call__`)."""
+    Kept as key_t [b, h, d_k, s] and value [b, h, s, d_v] (the layouts `cached_attention`
+    multiplies without transposing), one copy per sentence whatever the number of beams that
+    read it (see `_decode_step`)."""
     if project_kv is not None:
-      key, value = project_kv()
-      self.put_variable("cache", "cross_key", key)
+      key, value = project_kv()  # [b, s, h, d]
+      key_t, value = key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3)
+      self.put_variable("cache", "cross_key", key_t)
       self.put_variable("cache", "cross_value", value)
-      return key, value
+      return key_t, value
     if not self.has_variable("cache", "cross_key"):
       raise ValueError("cross-attention cache is empty: the first decoding step must pass encoded")
     return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")

@@ -31,6 +31,7 @@ What makes it fast on a CPU (each measured, see benchmarks/decode.py):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -45,15 +46,16 @@ from transformer_jax.model_config import TransformerConfig
 # Leaves of a layer's decoding cache that hold one copy per sentence (the encoder-decoder keys
 # and values, attention.py): never tiled to the beams, never reordered.
 SENTENCE_CACHE_KEYS = ("cross_key", "cross_value")
-# Self-attention keys/values [b, n, h, d]: the leaves a block of decoding steps grows along n.
-GROWING_CACHE_KEYS = ("cached_key", "cached_value")
+# Self-attention keys [b, h, d, n*k] and values [b, h, n*k, d] (attention.py): per leaf, the
+# axis of the n positions x k beam slots, position-major (`expand_slots`, `grow_cache`).
+COLUMN_AXIS = {"cached_key": 3, "cached_value": 2}
 
 
 def split_cache(cache) -> tuple[dict, dict]:
-  """cache -> (per-row part, per-sentence part): the cross-attention keys/values go apart.
+  """cache -> (per-beam part, per-sentence part): the cross-attention keys/values go apart.
 
-  The per-row part (self-attention keys/values and write index) has one row per hypothesis and
-  is what a beam search reorders; the per-sentence part keeps batch b for the whole search.
+  The per-beam part (self-attention keys/values, one slot per beam, and the write index) is
+  carried through a search's loop; the per-sentence part is read, never carried or changed.
   """
   flat = traverse_util.flatten_dict(cache)
   sentence = {k: v for k, v in flat.items() if k[-1] in SENTENCE_CACHE_KEYS}
@@ -68,18 +70,37 @@ def merge_cache(rows: dict, sentence: dict) -> dict:
   return traverse_util.unflatten_dict(flat)
 
 
-def grow_cache(rows: dict, length: int) -> dict:
-  """Pads every self-attention key/value leaf [B, n, h, d] with zeros to [B, length, h, d].
+def grow_cache(rows: dict, length: int, beam_size: int = 1) -> dict:
+  """Pads every self-attention key/value leaf with zeros to `length` positions (of `beam_size`
+  slots each).
 
   The causal mask of a cached step follows the cache's length (attention.py), so the padded
   positions are masked until written.
   """
   flat = traverse_util.flatten_dict(rows)
   for key, x in flat.items():
-    if key[-1] in GROWING_CACHE_KEYS:
-      if x.shape[1] > length:
-        raise ValueError(f"cannot shrink the cache {key} from {x.shape[1]} to {length}")
-      flat[key] = jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+    if key[-1] in COLUMN_AXIS:
+      axis = COLUMN_AXIS[key[-1]]
+      if x.shape[axis] > length * beam_size:
+        raise ValueError(
+            f"cannot shrink the cache {key} from {x.shape[axis] // beam_size} to {length}"
+        )
+      pad = [(0, 0)] * x.ndim
+      pad[axis] = (0, length * beam_size - x.shape[axis])
+      flat[key] = jnp.pad(x, pad)
+  return traverse_util.unflatten_dict(flat)
+
+
+def expand_slots(rows: dict, beam_size: int) -> dict:
+  """The self-attention cache of the first step (one slot per sentence) -> `beam_size` slots.
+
+  Every slot starts as a copy of the first step's (it holds BOS at position 0, which every beam
+  shares); a beam search then writes row j's later positions into slot j.
+  """
+  flat = traverse_util.flatten_dict(rows)
+  for key, x in flat.items():
+    if key[-1] in COLUMN_AXIS:  # position-major: each position's column repeated per slot
+      flat[key] = jnp.repeat(x, beam_size, axis=COLUMN_AXIS[key[-1]])
   return traverse_util.unflatten_dict(flat)
 
 
@@ -87,7 +108,7 @@ def cache_block_ends(max_decode_len: int, block: int | None) -> tuple[int, ...]:
   """The cache lengths a search decodes in: multiples of `block`, then `max_decode_len`.
 
   Steps p < ends[0] run with a cache of length ends[0], then up to ends[1] with one of ends[1],
-  ...: attention reads (and a beam search reorders) at most `block - 1` unwritten positions,
+  ...: attention reads at most `block - 1` unwritten positions,
   not the whole maximum length. Each block is one `while_loop` in the compiled search, entered
   only while some sentence is still being decoded. `block=None`: one block of the whole length.
   """
@@ -114,8 +135,8 @@ class IncrementalDecoder:
     return self.model.apply({"params": params}, inputs, method=Transformer.encode)
 
   def init_cache(self, inputs: jax.Array, max_decode_len: int):
-    """Zeroed cache for a batch: self-attention [b, n, h, d] per layer,
-    cross-attention [b, s, h, d].
+    """Zeroed cache for a batch: per layer self-attention keys [b, h, d, n] and values
+    [b, h, n, d] (one beam slot; `expand_slots`), cross-attention [b, h, d, s] and [b, h, s, d].
 
     Shapes come from tracing `init` (nothing is computed). `grow_cache` lengthens it.
     """
@@ -127,13 +148,15 @@ class IncrementalDecoder:
     )
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-  def step(self, params, cache, encoded, inputs, tokens, position):
+  def step(self, params, cache, encoded, inputs, tokens, position, slots=None):
     """One decoding step. tokens [r] (the previous output), position: int scalar.
 
     `encoded` is passed on the first step (it fills the cross-attention cache) and None after.
-    `inputs` [b, s] (for the source padding mask) and the cross-attention cache have one row
-    per sentence; `tokens` and the self-attention cache r = b * k rows, k per sentence
-    (sentence-major), which attend to their sentence's one copy of the encoder keys/values.
+    `inputs` [b, s] (for the source padding mask) and the caches have one entry per sentence;
+    `tokens` has r = b * k rows, k beams per sentence (sentence-major), which attend to their
+    sentence's one copy of the encoder keys/values. With k > 1 the self-attention cache has k
+    slots and `slots` [b, k, n] says which slot holds each position of each beam's prefix
+    (`beam_search_with_step_fn`); row j writes `position` into slot j.
     Returns (log_probs [r, v] float32, new cache).
     """
     rows = tokens.shape[0]
@@ -143,22 +166,23 @@ class IncrementalDecoder:
         inputs,
         tokens[:, None],  # [r, 1]
         jnp.full((rows, 1), position, jnp.int32),  # targets_positions
+        cache_slots=slots,
         method=Transformer.decode,
         mutable=["cache"],
     )
     return jax.nn.log_softmax(logits[:, 0], axis=-1), variables["cache"]
 
-  def search_step(self, params, cache, encoded, inputs, tokens, position):
+  def search_step(self, params, cache, encoded, inputs, tokens, position, slots=None):
     """`step` for a search: PAD and BOS are ruled out as outputs (-inf), since an emitted PAD
     would be read as padding and BOS only ever starts a sentence."""
-    log_probs, cache = self.step(params, cache, encoded, inputs, tokens, position)
+    log_probs, cache = self.step(params, cache, encoded, inputs, tokens, position, slots)
     return log_probs.at[:, (PAD_ID, BOS_ID)].set(-jnp.inf), cache
 
   def start(self, params, inputs: jax.Array, cache_length: int):
     """Encodes and runs the first step (reading BOS) once per sentence.
 
-    Returns (log_probs [b, v], per-row cache [b, ...] with self-attention length
-    `cache_length`, step_fn(tokens [r], rows, position) -> (log_probs [r, v], rows)) where
+    Returns (log_probs [b, v], self-attention cache (one slot, length `cache_length`),
+    step_fn(tokens [r], cache, position, slots=None) -> (log_probs [r, v], cache)) where
     step_fn reads the per-sentence cross-attention cache, which it holds (never carried or
     reordered by a search).
     """
@@ -169,9 +193,9 @@ class IncrementalDecoder:
     log_probs, cache = self.search_step(params, cache, encoded, inputs, bos, 0)  # [b, v]
     rows, sentence = split_cache(cache)
 
-    def step_fn(tokens, rows, position):
+    def step_fn(tokens, rows, position, slots=None):
       log_probs, cache = self.search_step(
-          params, merge_cache(rows, sentence), None, inputs, tokens, position
+          params, merge_cache(rows, sentence), None, inputs, tokens, position, slots
       )
       return log_probs, split_cache(cache)[0]
 
@@ -279,26 +303,10 @@ def _take_beams(x: jax.Array, index: jax.Array) -> jax.Array:
 def _tile_beams(tree: Any, beam_size: int) -> Any:
   """Every leaf [b, ...] -> [b*k, ...] (each sentence's row repeated k times, sentence-major).
 
-  Scalars (the self-attention `cache_index`, shared by all rows) are left alone.
+  Scalars are left alone. The default way `beam_search_with_step_fn` gives a step_fn's state
+  one entry per beam; the Transformer's cache instead adds beam slots (`expand_slots`).
   """
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
-
-
-def _gather_beams(tree: Any, parents: jax.Array) -> Any:
-  """Every leaf [b*k, ...] -> the rows of the parent beams (parents [b, k], within a sentence).
-
-  One `take_along_axis` over [b, k, m] per leaf: on XLA:CPU as fast as any alternative measured
-  (advanced indexing; a one-hot [b, k, k] einsum was ~3x slower, selects by parent 1.4x).
-  """
-  batch, beam = parents.shape
-
-  def gather(x):
-    if x.ndim == 0:  # cache_index: one write position for every row
-      return x
-    rows = x.reshape(batch, beam, -1)  # [b, k, m]
-    return jnp.take_along_axis(rows, parents[:, :, None], axis=1).reshape(x.shape)
-
-  return jax.tree.map(gather, tree)
 
 
 def _top_extensions(candidates: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
@@ -378,16 +386,22 @@ def beam_search_with_step_fn(
     *,
     cache_ends: tuple[int, ...] | None = None,
     grow: Callable | None = None,
+    tile: Callable = _tile_beams,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Beam search over `step_fn(tokens [b*k], cache, position) -> (log_probs [b*k, v], cache)`.
+  """Beam search over `step_fn(tokens [b*k], cache, position, slots) -> (log_probs [b*k, v],
+  cache)`.
 
   `first_log_probs` is the distribution of the first token (the step that read BOS, run once per
-  sentence) and `cache` the per-beam state after it, with batch b: it is tiled to b*k rows here,
-  once, and after every step the rows of the surviving parent beams are gathered (every leaf with
-  a batch axis; scalar leaves are shared by all rows and kept). State that is the same for every
-  beam of a sentence (the encoder-decoder keys/values) belongs in `step_fn`'s closure, not here.
-  At `position` p, `tokens` are the tokens chosen at p - 1. Beam rows are sentence-major: row r
-  is sentence r // k, beam r % k.
+  sentence) and `cache` the state after it, with batch b; `tile(cache, k)` (once) gives it room
+  for k beams (default: repeat every leaf's rows). The search never reorders the cache. Each
+  beam j of a sentence owns a slot j: at `position` p, row j (row r is sentence r // k, beam
+  r % k) reads `tokens` (its token chosen at p - 1) and writes its state for position p into
+  slot j; its prefix's earlier positions q < p are in slots[i, j, q] ([b, k, n] int32). After a
+  step only that small table follows the beams: a beam continuing parent j' takes row j' of the
+  table, plus slot j' at p. This replaces gathering the whole cache by parent every step (the
+  Transformer's self-attention cache, b*k*n*h*d per layer), which cost more than the attention
+  itself on a CPU. State that is the same for every beam of a sentence (the encoder-decoder
+  keys/values) belongs in `step_fn`'s closure, not here.
 
   `cache_ends` (default: one block, `(max_decode_len,)`) with `grow(cache, length)`: decode in
   blocks of cache length (`cache_block_ends`); `cache` comes in at length cache_ends[0].
@@ -419,19 +433,24 @@ def beam_search_with_step_fn(
       finished_scores=jnp.full((batch, k), -jnp.inf),
   )
   first = jnp.broadcast_to(first_log_probs.astype(jnp.float32)[:, None, :], (batch, k, vocab))
-  state, _ = _grow(state, first, alpha)  # every row of a sentence is the same: no gather needed
-  cache = _tile_beams(cache, k)  # [b, ...] -> [b*k, ...], once
+  state, _ = _grow(state, first, alpha)  # every row of a sentence is the same: one parent
+  cache = tile(cache, k)  # room for k beams, once
+  # Position 0 (the step that read BOS) is in slot 0 for every beam.
+  slots = jnp.zeros((batch, k, n), jnp.int32)
 
   def body(carry):
-    state, cache = carry
+    (state, slots), cache = carry
     tokens = state.alive_seqs[:, :, state.step - 1].reshape(batch * k)  # [b*k]
-    log_probs, cache = step_fn(tokens, cache, state.step)  # [b*k, v]
+    log_probs, cache = step_fn(tokens, cache, state.step, slots)  # [b*k, v]
+    position = state.step
     state, parents = _grow(state, log_probs.astype(jnp.float32).reshape(batch, k, vocab), alpha)
-    return state, _gather_beams(cache, parents)
+    slots = _take_beams(slots, parents).at[:, :, position].set(parents)  # [b, k, n]
+    return (state, slots), cache
 
-  state = _run_in_blocks(
-      cache_ends, lambda state: state.step, lambda state: jnp.all(_search_done(state, n, alpha)),
-      body, state, cache, grow,
+  state, _ = _run_in_blocks(
+      cache_ends, lambda carry: carry[0].step,
+      lambda carry: jnp.all(_search_done(carry[0], n, alpha)),
+      body, (state, slots), cache, grow,
   )  # fmt: skip
 
   any_finished = state.finished_scores[:, 0] > -jnp.inf  # [b]
@@ -454,15 +473,15 @@ def beam_search(
   """§6.1 beam search. Returns (tokens [b, k, n], scores [b, k], steps), best first.
 
   The encoder and the first decoder step (which projects the encoder-decoder keys/values into the
-  cache) run once per sentence. Only the self-attention cache is then tiled to b*k rows and
-  reordered with the beams; the encoder-decoder keys/values stay [b, s, h, d], one copy that the
-  k beams of a sentence read (attention.py).
+  cache) run once per sentence. The self-attention cache then gets one slot per beam, which the
+  search never reorders (it passes the slot table, attention.py); the encoder-decoder
+  keys/values stay one copy per sentence, which the k beams of a sentence read.
   """
   ends = cache_block_ends(max_decode_len, block)
   first_log_probs, rows, step_fn = decoder.start(params, inputs, ends[0])  # [b, v]
   return beam_search_with_step_fn(
       step_fn, first_log_probs, rows, max_decode_len, beam_size, alpha,
-      cache_ends=ends, grow=grow_cache,
+      cache_ends=ends, grow=functools.partial(grow_cache, beam_size=beam_size), tile=expand_slots,
   )  # fmt: skip
 
 

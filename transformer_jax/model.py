@@ -323,7 +323,7 @@ def _index(x, i: int):
 
 class _DecoderLayersFromStack(nn.Module):
   """Decode mode of a scanned decoder: the stacked parameters, run one layer after another, so
-  each layer keeps its own KV cache [b, n, h, d] (the layout decode.py reads and reorders)."""
+  each layer keeps its own KV cache (the layout attention.py writes and decode.py grows)."""
 
   config: TransformerConfig
 
@@ -384,10 +384,13 @@ class Decoder(nn.Module):
       targets_positions=None,
       inputs_segmentation=None,
       targets_segmentation=None,
+      cache_slots=None,  # decode mode, beam search: [b, k, n] int32 (attention.py)
   ) -> jax.Array:
     cfg = self.config
     if cfg.decode:
-      self_mask = None  # the KV cache builds the causal mask from its write index
+      # The KV cache builds the causal mask from its write index and, in a beam search, from the
+      # table of which beam's slot holds each position of each prefix (attention.py).
+      self_mask = cache_slots
     else:
       self_mask = AttentionMask(
           key_valid=decoder_inputs != PAD_ID,  # [b, t]
@@ -469,8 +472,14 @@ class Transformer(nn.Module):
       targets_positions=None,
       inputs_segmentation=None,
       targets_segmentation=None,
+      cache_slots=None,
   ) -> jax.Array:
-    """-> logits [b, t, v], float32. In decode mode t = 1 and `encoded` may be None (cached)."""
+    """-> logits [b, t, v], float32. In decode mode t = 1 and `encoded` may be None (cached).
+
+    Decode mode with k beams per sentence: decoder_inputs has b*k rows (sentence-major) while
+    `inputs` and `encoded` keep b, and `cache_slots` [b, k, n] says which beam's cache slot holds
+    each position of each beam's prefix (decode.py; attention.py `_append_to_cache`).
+    """
     y = self.decoder(
         encoded,
         inputs,
@@ -478,6 +487,7 @@ class Transformer(nn.Module):
         targets_positions,
         inputs_segmentation,
         targets_segmentation,
+        cache_slots,
     )
     if self.config.share_embeddings:
       return self.shared_embedding.attend(y)
