@@ -484,12 +484,88 @@ def test_alpha_is_an_argument_of_the_compiled_search():
   np.testing.assert_array_equal(greedy, PREDICT_GREEDY(params, inputs))
 
 
-def test_two_stage_top_k_is_the_flat_top_k_ties_included():
+def assert_flat_top_k(got, candidates, count):
+  """`got` (values, index) is exactly top_k over the flattened k*v, bit for bit, ties included."""
+  batch = candidates.shape[0]
+  want_values, want_index = jax.lax.top_k(candidates.reshape(batch, -1), count)
+  values, index = (np.asarray(x) for x in got)
+  np.testing.assert_array_equal(index, np.asarray(want_index))
+  # The bits, so that -0.0 against +0.0 and one NaN against another also count.
+  np.testing.assert_array_equal(values.view(np.int32), np.asarray(want_values).view(np.int32))
+
+
+def tied_candidates(rng, batch, beam, vocab):
+  """Few distinct values, each twice as rare as the one below it: many exact ties at every level,
+  and chunks whose maxima differ (so the chunks kept are not in flat order). Some beams and one
+  row all -inf (dead beams, a sentence whose beams all are), -inf sprinkled."""
+  candidates = rng.geometric(0.5, (batch, beam, vocab)).astype(np.float32) - 30.0
+  candidates[rng.random((batch, beam, vocab)) < 0.1] = -np.inf
+  candidates[rng.random((batch, beam)) < 0.3] = -np.inf
+  candidates[0] = -np.inf
+  return candidates
+
+
+# (batch, beam, vocab, count): the real shape (beam 4, 8k vocabulary); beam 1; a vocabulary that
+# the chunk does not divide; count above v (more than a beam's worth, and pads past each beam's
+# end could be reached); tiny shapes that take the flat top_k.
+TOP_K_SHAPES = [
+    (32, 4, 8000, 8),
+    (16, 1, 5003, 2),
+    (8, 4, 1000, 8),
+    (8, 64, 70, 100),
+    (3, 4, 50, 8),
+    (4, 2, 2, 4),
+    (4, 3, 7, 21),
+]
+
+
+@pytest.mark.parametrize("batch,beam,vocab,count", TOP_K_SHAPES)
+def test_top_extensions_is_the_flat_top_k_ties_included(batch, beam, vocab, count):
+  rng = np.random.default_rng(vocab)
+  top_extensions = jax.jit(decode._top_extensions, static_argnums=1)
+  ties = tied_candidates(rng, batch, beam, vocab)
+  assert_flat_top_k(top_extensions(jnp.asarray(ties), count), ties, count)
+  # Distinct realistic values: log-probabilities plus each beam's own score.
+  logits = rng.normal(0.0, 3.0, (batch, beam, vocab)).astype(np.float32)
+  scores = jax.nn.log_softmax(jnp.asarray(logits)) - rng.exponential(5.0, (batch, beam, 1))
+  assert_flat_top_k(top_extensions(scores.astype(jnp.float32), count), scores, count)
+
+
+def test_top_of_chunks_is_the_flat_top_k_for_every_chunk_size():
+  # The chunked path itself (no fallback can hide a mistake): chunks that divide v and that do
+  # not, a single chunk per beam, chunk 1.
   rng = np.random.default_rng(0)
-  # Few distinct values, so there are many ties within and across beams.
-  candidates = jnp.asarray(rng.integers(0, 4, (3, 4, 50)).astype(np.float32))
-  candidates = candidates.at[0, :, :].set(-jnp.inf).at[0, 2, 7].set(1.0)  # one finite value
-  values, index = decode._top_extensions(candidates, 8)
-  flat_values, flat_index = jax.lax.top_k(candidates.reshape(3, 200), 8)
-  np.testing.assert_array_equal(values, flat_values)
-  np.testing.assert_array_equal(index, flat_index)
+  for batch, beam, vocab, count in TOP_K_SHAPES:
+    ties = tied_candidates(rng, batch, beam, vocab)
+    for chunk in {1, 3, 8, 64, 100, vocab}:
+      if chunk > vocab or beam * -(-vocab // chunk) < count:
+        continue
+      maxima = decode._chunk_maxima(jnp.asarray(ties), chunk)
+      got = decode._top_of_chunks(jnp.asarray(ties), maxima, count, chunk)
+      assert_flat_top_k(got, ties, count)
+
+
+def test_top_extensions_takes_the_chunked_path_where_it_pays():
+  assert decode._top_k_chunk(4, 8000, 8) == 64  # beam 4, 8k vocabulary: 500 chunks, 512 kept
+  assert decode._top_k_chunk(4, 32000, 8) == 128
+  assert decode._top_k_chunk(1, 8000, 2) == 64
+  assert decode._top_k_chunk(4, 50, 8) == 0  # tiny: the flat top_k
+  assert decode._top_k_chunk(1000, 10, 8) == 0  # a chunk would be longer than a beam
+
+
+def test_top_extensions_is_exact_with_zeros_and_nans():
+  # top_k orders -0.0 < +0.0, puts NaN first and -NaN last; a float max may return -0.0 for a
+  # chunk holding +0.0 and skips NaN. Such batches must still give the flat top_k.
+  rng = np.random.default_rng(1)
+  candidates = -rng.integers(1, 5, (8, 4, 8000)).astype(np.float32)
+  zeros = candidates.copy()
+  zeros[1, 0, 0:512:64] = -0.0  # -0.0 in each of the first 8 chunks of 64
+  zeros[1, 0, 640:642] = [0.0, -0.0]  # the chunk's float max comes back as -0.0 here
+  zeros[2, 3, 5] = 0.0
+  positive_nan = candidates.copy()
+  positive_nan[3, 1, 4321] = np.nan  # ranks first, in a chunk whose float max is -1
+  negative_nan = candidates.copy()
+  negative_nan[4] = -np.inf
+  negative_nan[4, 0, 3] = -np.float32(np.nan)  # ranks after every -inf
+  for case in (zeros, positive_nan, negative_nan):
+    assert_flat_top_k(decode._top_extensions(jnp.asarray(case), 8), case, 8)
