@@ -8,8 +8,9 @@ loaded once (parameters only, inference.py); each mode is timed `--repeats` time
 warm-up pass that compiles every batch shape (`compile_s`, warm-up included). Per mode the JSON
 has the median sentences/s and output tokens/s (target tokens incl. EOS, counted on the
 hypotheses), the decoder steps run (summed over batches) and the time per step, the batches and
-their rows; beside them the device, the batch size in tokens and the peak memory (host RSS, and
-the device's peak where it reports one).
+their rows, and `row_steps` (sentences decoded at each step, summed: finished sentences leave a
+batch); beside them the device, the batch size in tokens, the programs compiled and the peak
+memory (host RSS, and the device's peak where it reports one).
 """
 
 import json
@@ -96,6 +97,7 @@ def main(argv):
         "step_ms": round(1000 * seconds / max(stats["steps"], 1), 2),
         "row_steps": stats["row_steps"],
     }
+  result["programs_compiled"] = run.predictor.programs()
   result["beam_over_greedy_time"] = round(
       result[f"beam{_BEAM.value}"]["seconds"] / result["greedy"]["seconds"], 2
   )

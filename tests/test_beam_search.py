@@ -105,14 +105,16 @@ def _search_table(table, alpha, max_len, beam_size, poison_from):
     holder = jnp.where(q == position, jnp.arange(beams)[None, :, None], slots)  # [b, k, n]
     holder_rows = (jnp.arange(batch)[:, None, None] * beams + holder).reshape(batch * beams, n)
     prefix = written[holder_rows, q[None, :]]  # [rows, n]: position q holds token q - 1
-    code = jnp.sum(
-        (prefix[:, 1:] + 1) * jnp.where(q[1:] <= position, powers[:-1], 0), axis=-1
-    )
+    code = jnp.sum((prefix[:, 1:] + 1) * jnp.where(q[1:] <= position, powers[:-1], 0), axis=-1)
     log_probs = table[cache["sentence"], code]  # [rows, v]
     if poison_from is not None:
       poisoned = log_probs.at[:, EOS_ID].set(100.0)
       log_probs = jnp.where(position >= poison_from, poisoned, log_probs)
-    return log_probs, {"written": written, "sentence": cache["sentence"], "steps": cache["steps"] + 1}
+    return log_probs, {
+        "written": written,
+        "sentence": cache["sentence"],
+        "steps": cache["steps"] + 1,
+    }
 
   cache = {
       "written": jnp.zeros((batch, max_len), jnp.int32),
@@ -569,3 +571,46 @@ def test_top_extensions_is_exact_with_zeros_and_nans():
   negative_nan[4, 0, 3] = -np.float32(np.nan)  # ranks after every -inf
   for case in (zeros, positive_nan, negative_nan):
     assert_flat_top_k(decode._top_extensions(jnp.asarray(case), 8), case, 8)
+
+
+def test_finished_sentences_leave_the_batch_and_keep_their_translations():
+  # A Predictor that halves its batch as soon as half of it is done (blocks of 2 cache
+  # positions, down to 1 row) returns exactly the whole-batch search's translations, and it
+  # decodes fewer sentence-steps than rows x steps: the finished sentences did leave.
+  params, _ = tiny_model()
+  rng = np.random.default_rng(7)
+  inputs = rng.integers(3, VOCAB, size=(16, 5)).astype(np.int32)
+  inputs[:, -1] = EOS_ID
+  extra = 11
+  n = inputs.shape[1] + extra
+  for beam, alpha in ((1, 0.6), (4, 0.0), (4, 0.6)):
+    if beam == 1:
+      expected, steps = decode.greedy_search(DECODER, params, jnp.asarray(inputs), n, block=2)
+    else:
+      tokens, _, steps = decode.beam_search(
+          DECODER, params, jnp.asarray(inputs), n, beam, alpha, block=2
+      )
+      expected = tokens[:, 0]
+    predictor = decode.Predictor(CONFIG, extra, beam, alpha, block=2, min_rows=1)
+    stats = {}
+    got, got_steps = predictor.search(params, jnp.asarray(inputs), stats=stats)
+    np.testing.assert_array_equal(got, np.asarray(expected), err_msg=f"beam {beam}, α {alpha}")
+    assert got_steps == int(steps)
+    assert stats["row_steps"] < inputs.shape[0] * got_steps, (beam, alpha, stats, got_steps)
+    whole = decode.Predictor(CONFIG, extra, beam, alpha, block=2, compact=False)
+    stats_whole = {}
+    np.testing.assert_array_equal(
+        whole.search(params, jnp.asarray(inputs), stats=stats_whole)[0], got
+    )
+    assert stats_whole["row_steps"] == inputs.shape[0] * got_steps
+
+
+def test_smaller_batches_halve_down_to_min_rows_in_device_multiples():
+  predictor = decode.Predictor(CONFIG, EXTRA, 4, min_rows=8)
+  assert predictor._smaller_batch(128, 100, 1) == 128  # more than half still decoding
+  assert predictor._smaller_batch(128, 64, 1) == 64
+  assert predictor._smaller_batch(128, 17, 1) == 32
+  assert predictor._smaller_batch(128, 3, 1) == 8  # not below min_rows
+  assert predictor._smaller_batch(85, 20, 1) == 22  # ceil(85 / 4)
+  assert predictor._smaller_batch(85, 20, 8) == 24  # rounded up to the devices' multiple
+  assert predictor._smaller_batch(8, 1, 8) == 8

@@ -30,6 +30,11 @@ What makes it fast on a CPU (each measured, see benchmarks/decode.py):
     maximum output length.
   * The top 2k of k*v extensions is a top_k over the 2k chunks of tokens (64 for beam 4 and an
     8k vocabulary) with the highest maxima: the same result as the flat top_k, ties included.
+  * Finished sentences leave the batch (`Predictor`): once at most half of a batch is still
+    decoding, the rest go on in a batch half the size. Sorted by source length, a batch's
+    sentences still end many steps apart (with α > 0 a sentence is done only when no alive
+    hypothesis can win, on Multi30k ~10 steps after its best one ends), and the batch would
+    otherwise carry its finished sentences to the last one's end.
   * α is a traced argument (`Predictor`): trying several α compiles the search once.
 """
 
@@ -43,8 +48,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import traverse_util
 
+from transformer_jax import distributed
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import TransformerConfig
@@ -192,12 +199,22 @@ class IncrementalDecoder:
     step_fn reads the per-sentence cross-attention cache, which it holds (never carried or
     reordered by a search).
     """
+    log_probs, rows, sentence = self.first_step(params, inputs, cache_length)
+    return log_probs, rows, self.step_fn(params, inputs, sentence)
+
+  def first_step(self, params, inputs: jax.Array, cache_length: int):
+    """`start` as data: (log_probs [b, v], self-attention cache, cross-attention cache)."""
     batch = inputs.shape[0]
     encoded = self.encode(params, inputs)  # [b, s, e]
     cache = self.init_cache(inputs, cache_length)
     bos = jnp.full((batch,), BOS_ID, jnp.int32)
     log_probs, cache = self.search_step(params, cache, encoded, inputs, bos, 0)  # [b, v]
     rows, sentence = split_cache(cache)
+    return log_probs, rows, sentence
+
+  def step_fn(self, params, inputs: jax.Array, sentence) -> Callable:
+    """step_fn(tokens [r], cache, position, slots=None) -> (log_probs [r, v], cache) over the
+    self-attention cache; it holds the cross-attention cache `sentence` (never carried)."""
 
     def step_fn(tokens, rows, position, slots=None):
       log_probs, cache = self.search_step(
@@ -205,7 +222,7 @@ class IncrementalDecoder:
       )
       return log_probs, split_cache(cache)[0]
 
-    return log_probs, rows, step_fn
+    return step_fn
 
 
 def max_decode_length(inputs: jax.Array, extra: int, max_len: int) -> int:
@@ -247,6 +264,35 @@ def _run_in_blocks(ends, step_of, all_done, body, state, cache, grow):
   return run(0, state, cache)
 
 
+class GreedyState(NamedTuple):
+  """Greedy search of a batch; `step` tokens have been chosen so far."""
+
+  step: jax.Array  # int32 scalar
+  token: jax.Array  # [b] int32: the token chosen last (PAD once finished)
+  finished: jax.Array  # [b] bool: EOS chosen
+  out: jax.Array  # [b, n] int32: the tokens chosen, EOS then PAD
+
+
+def _greedy_emit(log_probs: jax.Array, finished: jax.Array) -> tuple[jax.Array, jax.Array]:
+  token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [b]
+  return jnp.where(finished, PAD_ID, token), finished | (token == EOS_ID)
+
+
+def _greedy_init(first_log_probs: jax.Array, max_decode_len: int) -> GreedyState:
+  batch = first_log_probs.shape[0]
+  token, finished = _greedy_emit(first_log_probs, jnp.zeros((batch,), bool))
+  out = jnp.full((batch, max_decode_len), PAD_ID, jnp.int32).at[:, 0].set(token)
+  return GreedyState(jnp.array(1, jnp.int32), token, finished, out)
+
+
+def _greedy_body(step_fn: Callable, carry):
+  state, cache = carry
+  log_probs, cache = step_fn(state.token, cache, state.step)
+  token, finished = _greedy_emit(log_probs, state.finished)
+  out = state.out.at[:, state.step].set(token)
+  return GreedyState(state.step + 1, token, finished, out), cache
+
+
 def greedy_search(
     decoder: IncrementalDecoder,
     params,
@@ -256,28 +302,14 @@ def greedy_search(
 ) -> tuple[jax.Array, jax.Array]:
   """Argmax decoding. Returns (tokens [b, n], steps): each row ends with EOS (if produced) then
   PAD; `steps` (int32) is the number of decoder steps run, the first one included."""
-  batch = inputs.shape[0]
   ends = cache_block_ends(max_decode_len, block)
   log_probs, cache, step_fn = decoder.start(params, inputs, ends[0])
-
-  def emit(log_probs, finished):
-    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [b]
-    return jnp.where(finished, PAD_ID, token), finished | (token == EOS_ID)
-
-  token, finished = emit(log_probs, jnp.zeros((batch,), bool))
-  out = jnp.full((batch, max_decode_len), PAD_ID, jnp.int32).at[:, 0].set(token)
-
-  def body(carry):
-    (t, token, finished, out), cache = carry
-    log_probs, cache = step_fn(token, cache, t)
-    token, finished = emit(log_probs, finished)
-    return (t + 1, token, finished, out.at[:, t].set(token)), cache
-
-  t, _, _, out = _run_in_blocks(
-      ends, lambda state: state[0], lambda state: jnp.all(state[2]), body,
-      (jnp.array(1, jnp.int32), token, finished, out), cache, grow_cache,
+  state = _run_in_blocks(
+      ends, lambda state: state.step, lambda state: jnp.all(state.finished),
+      functools.partial(_greedy_body, step_fn), _greedy_init(log_probs, max_decode_len), cache,
+      grow_cache,
   )  # fmt: skip
-  return out, t
+  return state.out, state.step
 
 
 # ----------------------------------------------------------------------------- beam search
@@ -494,6 +526,20 @@ def beam_search_with_step_fn(
   cache_ends = cache_ends or (max_decode_len,)
   if cache_ends[-1] != max_decode_len or (len(cache_ends) > 1 and grow is None):
     raise ValueError(f"cache_ends={cache_ends} must end at {max_decode_len}, with a grow function")
+  state = _beam_init(first_log_probs, max_decode_len, beam_size, alpha)
+  state = _run_in_blocks(
+      cache_ends, lambda carry: carry[0].step,
+      lambda carry: jnp.all(_search_done(carry[0], max_decode_len, alpha)),
+      functools.partial(_beam_body, step_fn, alpha=alpha), state, tile(cache, beam_size), grow,
+  )  # fmt: skip
+  tokens, scores = _beam_result(state[0], alpha)
+  return tokens, scores, state[0].step
+
+
+def _beam_init(first_log_probs, max_decode_len: int, beam_size: int, alpha):
+  """The search state after the first step ([b, v], the distribution after BOS), and the slot
+  table [b, k, n]: position 0 (the step that read BOS) is in slot 0 for every beam."""
+  batch, vocab = first_log_probs.shape
   k, n = beam_size, max_decode_len
   empty_seqs = jnp.full((batch, k, n), PAD_ID, jnp.int32)
   state = BeamState(
@@ -506,31 +552,31 @@ def beam_search_with_step_fn(
   )
   first = jnp.broadcast_to(first_log_probs.astype(jnp.float32)[:, None, :], (batch, k, vocab))
   state, _ = _grow(state, first, alpha)  # every row of a sentence is the same: one parent
-  cache = tile(cache, k)  # room for k beams, once
-  # Position 0 (the step that read BOS) is in slot 0 for every beam.
-  slots = jnp.zeros((batch, k, n), jnp.int32)
+  return state, jnp.zeros((batch, k, n), jnp.int32)
 
-  def body(carry):
-    (state, slots), cache = carry
-    tokens = state.alive_seqs[:, :, state.step - 1].reshape(batch * k)  # [b*k]
-    log_probs, cache = step_fn(tokens, cache, state.step, slots)  # [b*k, v]
-    position = state.step
-    state, parents = _grow(state, log_probs.astype(jnp.float32).reshape(batch, k, vocab), alpha)
-    slots = _take_beams(slots, parents).at[:, :, position].set(parents)  # [b, k, n]
-    return (state, slots), cache
 
-  state, _ = _run_in_blocks(
-      cache_ends, lambda carry: carry[0].step,
-      lambda carry: jnp.all(_search_done(carry[0], n, alpha)),
-      body, (state, slots), cache, grow,
-  )  # fmt: skip
+def _beam_body(step_fn: Callable, carry, alpha):
+  """One step of every beam: ((state, slots), cache) -> the same after the step."""
+  (state, slots), cache = carry
+  batch, k = state.alive_log_probs.shape
+  tokens = state.alive_seqs[:, :, state.step - 1].reshape(batch * k)  # [b*k]
+  log_probs, cache = step_fn(tokens, cache, state.step, slots)  # [b*k, v]
+  position = state.step
+  log_probs = log_probs.astype(jnp.float32).reshape(batch, k, -1)
+  state, parents = _grow(state, log_probs, alpha)
+  slots = _take_beams(slots, parents).at[:, :, position].set(parents)  # [b, k, n]
+  return (state, slots), cache
 
+
+def _beam_result(state: BeamState, alpha) -> tuple[jax.Array, jax.Array]:
+  """(tokens [b, k, n], scores [b, k]) of a search's state: the finished hypotheses, or the
+  alive ones of a sentence where none finished."""
   any_finished = state.finished_scores[:, 0] > -jnp.inf  # [b]
   alive_scores = state.alive_log_probs / length_penalty(state.step, alpha)  # [b, k], |Y| = step
   scores = jnp.where(any_finished[:, None], state.finished_scores, alive_scores)  # [b, k]
   tokens = jnp.where(any_finished[:, None, None], state.finished_seqs, state.alive_seqs)
   tokens = jnp.where((scores > -jnp.inf)[:, :, None], tokens, PAD_ID)  # [b, k, n]
-  return tokens, scores, state.step
+  return tokens, scores
 
 
 def beam_search(
@@ -557,13 +603,40 @@ def beam_search(
   )  # fmt: skip
 
 
+class SearchCarry(NamedTuple):
+  """A batch in the middle of a search (`Predictor`); every leaf but scalars has the sentences
+  on axis 0, so dropping finished sentences is one gather per leaf."""
+
+  inputs: jax.Array  # [b, s]
+  sentence: Any  # the cross-attention cache, one copy per sentence
+  rows: Any  # the self-attention cache (k beam slots per sentence)
+  state: Any  # GreedyState, or (BeamState, slots [b, k, n])
+
+
+def _take_sentences(carry: SearchCarry, keep: jax.Array) -> SearchCarry:
+  """The sentences `keep` [b'] of a carry (scalars, shared by all, are kept)."""
+  return jax.tree.map(lambda x: x if x.ndim == 0 else x[keep], carry)
+
+
 class Predictor:
   """(params, inputs [b, s]) -> tokens [b, n], EOS then PAD: the best translation of each row.
 
   beam_size 1 is greedy search; otherwise beam search (§6.1: beam 4, α = 0.6) and its best
-  hypothesis. One jitted function serves every α (a traced argument) and beam size (static):
-  it compiles once per (input shape, beam size), so trying several α (tune_decoding) does not
-  recompile. `traces` counts how often it was traced (= compiled, without a persistent cache).
+  hypothesis: the same hypotheses as `greedy_search` / `beam_search`, run as a sequence of
+  jitted programs from the host so that finished sentences leave the batch.
+
+  The search runs in blocks of `block` cache positions (`cache_block_ends`), one compiled
+  program per block. Between blocks the host reads which sentences are done; once at most half
+  the batch is still decoding (and `compact`), the rest continue in a batch half the size or
+  smaller (at least `min_rows`), and the finished ones keep their result. A batch of sentences
+  sorted by source length still spreads over many output lengths, and a beam search with α > 0
+  runs until its last sentence can no longer improve, so without this most rows of a batch's
+  last blocks are finished sentences carried along. A done sentence's hypotheses never change
+  (`_search_done`), so dropping it changes no translation.
+
+  α is a traced argument and the beam size static: each program compiles once per (input
+  shape, beam size, block, rows), whatever α (tune_decoding tries several without
+  recompiling). `traces` counts the searches compiled: one per input shape and beam size.
   """
 
   def __init__(
@@ -573,35 +646,138 @@ class Predictor:
       beam_size: int = 1,
       alpha: float = 0.6,
       block: int | None = DEFAULT_BLOCK,
+      compact: bool = True,
+      min_rows: int = 8,
+      shrink: int = 2,
   ):
     _check_beam_size(beam_size)
     self.config, self.max_decode_extra = config, max_decode_extra
     self.beam_size, self.alpha, self.block = beam_size, alpha, block
+    self.compact, self.min_rows, self.shrink = compact, min_rows, shrink
     self.decoder = IncrementalDecoder(config)
     self.traces = 0
-    self._search = jax.jit(self._search_impl, static_argnames=("beam_size",))
+    static = ("beam_size", "max_decode_len")
+    self._start = jax.jit(self._start_impl, static_argnames=static + ("cache_length",))
+    self._block = jax.jit(self._block_impl, static_argnames=static + ("end", "exit_at"))
+    self._take = jax.jit(_take_sentences)
 
-  def _search_impl(self, params, inputs, alpha, beam_size):
+  def _start_impl(self, params, inputs, alpha, beam_size, max_decode_len, cache_length):
+    """Encodes, runs the first step and sets up the search of a batch."""
     self.traces += 1
-    n = max_decode_length(inputs, self.max_decode_extra, self.config.max_len)
+    log_probs, rows, sentence = self.decoder.first_step(params, inputs, cache_length)
     if beam_size == 1:
-      return greedy_search(self.decoder, params, inputs, n, self.block)
-    tokens, _, steps = beam_search(self.decoder, params, inputs, n, beam_size, alpha, self.block)
-    return tokens[:, 0], steps  # [b, n], the best hypothesis
+      state = _greedy_init(log_probs, max_decode_len)
+    else:
+      state = _beam_init(log_probs, max_decode_len, beam_size, alpha)
+      rows = expand_slots(rows, beam_size)
+    return SearchCarry(inputs, sentence, rows, state)
 
-  def search(self, params, inputs, alpha=None, beam_size=None) -> tuple[jax.Array, jax.Array]:
-    """(tokens [b, n], steps): also the number of decoder steps run (int32 scalar)."""
+  def _block_impl(self, params, carry, alpha, beam_size, max_decode_len, end, exit_at):
+    """Steps until position `end` (the cache grown to it), or until at most `exit_at` sentences
+    are still decoding (0: until every sentence is done). Returns (carry, done [b], steps run
+    so far, the best tokens so far [b, n])."""
+    step_fn = self.decoder.step_fn(params, carry.inputs, carry.sentence)
+    rows = grow_cache(carry.rows, end, beam_size)
+    if beam_size == 1:
+      body = functools.partial(_greedy_body, step_fn)
+
+      def step_and_done(state):
+        return state.step, state.finished
+
+    else:
+      body = functools.partial(_beam_body, step_fn, alpha=alpha)
+
+      def step_and_done(state):
+        return state[0].step, _search_done(state[0], max_decode_len, alpha)
+
+    def cond(loop_carry):
+      step, done = step_and_done(loop_carry[0])
+      return (step < end) & (jnp.sum(~done) > exit_at)
+
+    state, rows = jax.lax.while_loop(cond, body, (carry.state, rows))
+    step, done = step_and_done(state)
+    if beam_size == 1:
+      tokens = state.out
+    else:
+      tokens = _beam_result(state[0], alpha)[0][:, 0]  # the best hypothesis
+    return carry._replace(rows=rows, state=state), done, step, tokens
+
+  def _smaller_batch(self, rows: int, active: int, multiple: int) -> int:
+    """The rows to go on with: rows / 2^j for the largest j that keeps the `active` sentences,
+    at least `min_rows`, rounded up to a multiple of `multiple` (the devices the batch is split
+    over); `rows` itself while more than half are active. Halving keeps the shapes, and so the
+    programs compiled, few."""
+    best = rows
+    for j in range(1, 32):
+      size = -(-rows // self.shrink**j)
+      size = -(-size // multiple) * multiple
+      if size < max(active, self.min_rows) or size >= best:
+        break
+      best = size
+    return best
+
+  def search(
+      self, params, inputs, alpha=None, beam_size=None, stats: dict | None = None
+  ) -> tuple[np.ndarray, int]:
+    """(tokens [b, n], steps): the translations, on every host, and the number of decoder
+    steps run. `stats`, if given, gains "row_steps": the sentences decoded at each step, summed
+    over the steps (the first one included), the cost that dropping finished sentences cuts."""
     beam_size = self.beam_size if beam_size is None else beam_size
     _check_beam_size(beam_size)
-    alpha = self.alpha if alpha is None else alpha
-    return self._search(params, inputs, jnp.float32(alpha), beam_size=beam_size)
+    alpha = jnp.float32(self.alpha if alpha is None else alpha)
+    n = max_decode_length(inputs, self.max_decode_extra, self.config.max_len)
+    ends = cache_block_ends(n, self.block)
+    static = {"beam_size": beam_size, "max_decode_len": n}
+    carry = self._start(params, inputs, alpha, cache_length=ends[0], **static)
+    rows = inputs.shape[0]
+    shards = rows // inputs.sharding.shard_shape(inputs.shape)[0]  # devices along the batch
+    out = None  # [b, n] on the host, written as sentences leave the batch and at the end
+    where = np.arange(rows)  # the batch row of each row of `carry`
+    row_steps, last, j = 0, 0, 0
+    while True:
+      # Leave the block as soon as the batch could shrink (by half), not at its end.
+      smaller = self._smaller_batch(rows, -(-rows // self.shrink), shards) if self.compact else rows
+      exit_at = smaller if smaller < rows else 0
+      carry, done, steps, tokens = self._block(
+          params, carry, alpha, end=ends[j], exit_at=exit_at, **static
+      )
+      done, steps = distributed.gather(done), int(distributed.gather(steps))  # waits for it
+      row_steps, last = row_steps + rows * (steps - last), steps
+      if steps >= ends[j]:
+        j += 1
+      if j == len(ends) or done.all():
+        break
+      size = self._smaller_batch(rows, int((~done).sum()), shards) if self.compact else rows
+      if size == rows:
+        continue
+      keep = np.concatenate([np.flatnonzero(~done), np.flatnonzero(done)])[:size]
+      out = self._record(out, where, tokens)  # the finished sentences' translations
+      carry, rows, where = self._take(carry, keep), size, where[keep]
+    if stats is not None:
+      stats["row_steps"] = stats.get("row_steps", 0) + row_steps
+    return self._record(out, where, tokens), steps
 
-  def __call__(self, params, inputs, alpha=None, beam_size=None) -> jax.Array:
+  @staticmethod
+  def _record(out: np.ndarray | None, where: np.ndarray, tokens: jax.Array) -> np.ndarray:
+    """The carry's `tokens` [rows, n] into the batch's result `out` [b, n] at rows `where`."""
+    tokens = distributed.gather(tokens)
+    if out is None:
+      out = np.zeros((where.max() + 1,) + tokens.shape[1:], tokens.dtype)
+    out[where] = tokens
+    return out
+
+  def __call__(self, params, inputs, alpha=None, beam_size=None) -> np.ndarray:
     return self.search(params, inputs, alpha, beam_size)[0]
 
   def _cache_size(self) -> int:
-    """Compiled programs held (one per input shape and beam size)."""
-    return self._search._cache_size()
+    """Searches compiled and held (one per input shape and beam size)."""
+    return self._start._cache_size()
+
+  def programs(self) -> int:
+    """Every program compiled and held: starts, blocks (per rows and cache length), and the
+    gathers that drop finished sentences."""
+    jitted = (self._start, self._block, self._take)
+    return sum(f._cache_size() for f in jitted)
 
 
 def _check_beam_size(beam_size: int):

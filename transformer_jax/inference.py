@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpoint, decode, distributed, errors, sharding, xla_flags
+from transformer_jax import checkpoint, decode, errors, sharding, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -214,7 +214,8 @@ class LoadedRun:
     """Detokenized translations of token-id sources (no EOS), in order.
 
     `stats`, if given, is filled with what the decoding cost: batches, rows (filler included),
-    decoder steps and row-steps (rows x steps summed over batches).
+    decoder steps and row-steps (the sentences decoded at each step, summed over the steps and
+    batches; finished sentences leave a batch, `decode.Predictor`).
     """
     beam_size = self.beam_size if beam_size is None else beam_size
     alpha = self.alpha if alpha is None else alpha
@@ -223,24 +224,19 @@ class LoadedRun:
     out = [""] * len(sources)
     batch_sharding = sharding.batch_sharding(self.mesh)
     totals = {"batches": 0, "rows": 0, "steps": 0, "row_steps": 0}
-    pending = []  # dispatch every batch before reading any result back (async dispatch)
     with jax.set_mesh(self.mesh):
       for index, inputs in translation_batches(
           sources, buckets, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
       ):
         tokens, steps = self.predictor.search(
-            self.params, _to_global(batch_sharding, inputs), alpha, beam_size
+            self.params, _to_global(batch_sharding, inputs), alpha, beam_size, stats=totals
         )
-        pending.append((index, tokens, steps, inputs.shape[0]))
-      for index, tokens, steps, rows in pending:
-        tokens, steps = distributed.gather(tokens), int(distributed.gather(steps))
         for row, i in enumerate(index):
           if i >= 0:
             out[i] = self.tokenizer.decode(tokens[row].tolist())
         totals["batches"] += 1
-        totals["rows"] += rows
+        totals["rows"] += inputs.shape[0]
         totals["steps"] += steps
-        totals["row_steps"] += rows * steps
     if stats is not None:
       stats.update(totals)
     return out

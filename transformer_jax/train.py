@@ -282,7 +282,7 @@ class Trainer:
     with self._context():
       for batch in self._eval_batches(sources, bucket_lengths):
         inputs = self.to_global({"inputs": batch["inputs"]})["inputs"]
-        tokens = distributed.gather(self._predict(params, inputs))
+        tokens = self._predict(params, inputs)  # [b, n] on every host
         index = distributed.gather(batch["index"])
         for row, i in enumerate(index):
           if i >= 0:
