@@ -791,5 +791,5 @@ def make_predict_fn(
     beam_size: int = 1,
     alpha: float = 0.6,
 ) -> Predictor:
-  """A `Predictor`: (params, inputs [b, s]) -> tokens [b, n]; compiles once per input shape."""
+  """A `Predictor`: (params, inputs [b, s]) -> tokens [b, n] (a host array)."""
   return Predictor(config, max_decode_extra, beam_size, alpha)
