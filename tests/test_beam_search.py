@@ -597,6 +597,8 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
     np.testing.assert_array_equal(got, np.asarray(expected), err_msg=f"beam {beam}, α {alpha}")
     assert got_steps == int(steps)
     assert stats["row_steps"] < inputs.shape[0] * got_steps, (beam, alpha, stats, got_steps)
+    # Host (numpy) inputs too.
+    np.testing.assert_array_equal(predictor(params, inputs), got)
     whole = decode.Predictor(CONFIG, extra, beam, alpha, block=2, compact=False)
     stats_whole = {}
     np.testing.assert_array_equal(

@@ -613,6 +613,11 @@ class SearchCarry(NamedTuple):
   state: Any  # GreedyState, or (BeamState, slots [b, k, n])
 
 
+def _record(out: np.ndarray, where: np.ndarray, tokens: jax.Array):
+  """Writes a carry's `tokens` [rows, n] into the batch's result `out` [b, n] at rows `where`."""
+  out[where] = distributed.gather(tokens)
+
+
 def _take_sentences(carry: SearchCarry, keep: jax.Array) -> SearchCarry:
   """The sentences `keep` [b'] of a carry (scalars, shared by all, are kept)."""
   return jax.tree.map(lambda x: x if x.ndim == 0 else x[keep], carry)
@@ -730,8 +735,9 @@ class Predictor:
     static = {"beam_size": beam_size, "max_decode_len": n}
     carry = self._start(params, inputs, alpha, cache_length=ends[0], **static)
     rows = inputs.shape[0]
-    shards = rows // inputs.sharding.shard_shape(inputs.shape)[0]  # devices along the batch
-    out = None  # [b, n] on the host, written as sentences leave the batch and at the end
+    sharding = getattr(inputs, "sharding", None)  # numpy inputs: one device
+    shards = rows // sharding.shard_shape(inputs.shape)[0] if sharding else 1  # along the batch
+    out = np.full((rows, n), PAD_ID, np.int32)  # written as sentences leave and at the end
     where = np.arange(rows)  # the batch row of each row of `carry`
     row_steps, last, j = 0, 0, 0
     while True:
@@ -751,20 +757,12 @@ class Predictor:
       if size == rows:
         continue
       keep = np.concatenate([np.flatnonzero(~done), np.flatnonzero(done)])[:size]
-      out = self._record(out, where, tokens)  # the finished sentences' translations
+      _record(out, where, tokens)  # the finished sentences' translations
       carry, rows, where = self._take(carry, keep), size, where[keep]
     if stats is not None:
       stats["row_steps"] = stats.get("row_steps", 0) + row_steps
-    return self._record(out, where, tokens), steps
-
-  @staticmethod
-  def _record(out: np.ndarray | None, where: np.ndarray, tokens: jax.Array) -> np.ndarray:
-    """The carry's `tokens` [rows, n] into the batch's result `out` [b, n] at rows `where`."""
-    tokens = distributed.gather(tokens)
-    if out is None:
-      out = np.zeros((where.max() + 1,) + tokens.shape[1:], tokens.dtype)
-    out[where] = tokens
-    return out
+    _record(out, where, tokens)
+    return out, steps
 
   def __call__(self, params, inputs, alpha=None, beam_size=None) -> np.ndarray:
     return self.search(params, inputs, alpha, beam_size)[0]
