@@ -273,19 +273,16 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     key_dim, value_dim = cfg.head_key_dim, cfg.head_value_dim  # d_k, d_v (§3.2.2)
 
-    def projection(name, shape, axes, in_axis, out_axis):
-      init = nn.initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
-      kernel = self.param(name, nn.with_logical_partitioning(init, axes), shape, cfg.param_dtype)
-      return jnp.asarray(kernel, cfg.dtype)
-
     qkv_axes = (sharding.EMBED, sharding.HEADS, sharding.KV)
     # W^Q, W^K [e, h, d_k] and W^V [e, h, d_v] of all heads as one tensor each (fan-in e,
     # fan-out h*d).
     w_query, w_key = (
-        projection(name, (cfg.d_model, cfg.num_heads, key_dim), qkv_axes, 0, (1, 2))
+        self._projection(name, (cfg.d_model, cfg.num_heads, key_dim), qkv_axes, 0, (1, 2))
         for name in ("query", "key")
     )
-    w_value = projection("value", (cfg.d_model, cfg.num_heads, value_dim), qkv_axes, 0, (1, 2))
+    w_value = self._projection(
+        "value", (cfg.d_model, cfg.num_heads, value_dim), qkv_axes, 0, (1, 2)
+    )
     query = jnp.einsum("bqe,ehd->bqhd", inputs_q.astype(cfg.dtype), w_query)  # [b, q, h, d_k]
 
     def project_kv():
@@ -350,19 +347,24 @@ class MultiHeadAttention(nn.Module):
       out = fused_dot_product_attention(query, key, value, mask, implementation=impl)
     return self._output_projection(out)
 
+  def _projection(self, name, shape, axes, in_axis, out_axis) -> jax.Array:
+    """A projection kernel (Glorot-uniform over the given fan-in/fan-out axes), in cfg.dtype."""
+    cfg = self.config
+    init = nn.initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
+    kernel = self.param(name, nn.with_logical_partitioning(init, axes), shape, cfg.param_dtype)
+    return jnp.asarray(kernel, cfg.dtype)
+
   def _output_projection(self, out: jax.Array) -> jax.Array:
     """Concat(head_1..head_h) Wᴼ: out [b, q, h, d_v] -> [b, q, e]."""
     cfg = self.config
-    kernel = self.param(
+    w_out = self._projection(
         "out",
-        nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
-            (sharding.HEADS, sharding.KV, sharding.EMBED),
-        ),
         (cfg.num_heads, cfg.head_value_dim, cfg.d_model),
-        cfg.param_dtype,
+        (sharding.HEADS, sharding.KV, sharding.EMBED),
+        (0, 1),
+        2,
     )  # W^O [h, d_v, e]
-    return jnp.einsum("bqhd,hde->bqe", out, jnp.asarray(kernel, cfg.dtype))  # [b, q, e]
+    return jnp.einsum("bqhd,hde->bqe", out, w_out)  # [b, q, e]
 
   def _decode_step(self, query, key_t, value, mask):
     """One decoding step's attention from the cache, then Wᴼ.
