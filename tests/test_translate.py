@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -275,7 +276,18 @@ def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run
   )
   assert chunked.returncode == 0, chunked.stderr[-2000:]
   assert (tmp_path / "o.txt").read_text() == whole.stdout  # same lines, same order
-  assert any((tmp_path / "jax_cache").iterdir())  # compiled searches were kept
+  # A second call loads the compiled searches the first one kept, and translates the same.
+  assert re.search(r"compiled programs: 0 loaded from .*, [1-9]\d* compiled", whole.stderr)
+  again = subprocess.run(
+      common + ["--input", str(source)],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=300,
+      check=False,
+  )
+  assert again.returncode == 0 and again.stdout == whole.stdout, again.stderr[-2000:]
+  assert re.search(r"compiled programs: [1-9]\d* loaded from .*, 0 compiled", again.stderr)
 
   bad = tmp_path / "latin1.txt"
   bad.write_bytes("a b\nNaïve café\n".encode("latin-1"))

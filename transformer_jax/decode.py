@@ -53,6 +53,7 @@ from flax import traverse_util
 
 from transformer_jax import distributed
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.executables import ExecutableCache
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import TransformerConfig
 
@@ -631,17 +632,21 @@ class Predictor:
   jitted programs from the host so that finished sentences leave the batch.
 
   The search runs in blocks of `block` cache positions (`cache_block_ends`), one compiled
-  program per block. Between blocks the host reads which sentences are done; once at most half
-  the batch is still decoding (and `compact`), the rest continue in a batch half the size or
-  smaller (at least `min_rows`), and the finished ones keep their result. A batch of sentences
-  sorted by source length still spreads over many output lengths, and a beam search with α > 0
-  runs until its last sentence can no longer improve, so without this most rows of a batch's
-  last blocks are finished sentences carried along. A done sentence's hypotheses never change
+  program per block (the first one with the start, and any gather that drops sentences with
+  the block that follows it: fewer programs to compile or load). Between blocks the host reads
+  which sentences are done; once at most half the batch is still decoding (and `compact`), the
+  rest continue in a batch half the size or smaller (at least `min_rows`), and the finished ones
+  keep their result. A batch of sentences sorted by source length still spreads over many
+  output lengths, and a beam search with α > 0 runs until its last sentence can no longer
+  improve, so without this most rows of a batch's last blocks are finished sentences carried
+  along. A done sentence's hypotheses never change
   (`_search_done`), so dropping it changes no translation.
 
   α is a traced argument and the beam size static: each program compiles once per (input
   shape, beam size, block, rows), whatever α (tune_decoding tries several without
-  recompiling). `traces` counts the searches compiled: one per input shape and beam size.
+  recompiling). `traces` counts the searches traced: one per input shape and beam size.
+  With `executables` (an `executables.ExecutableCache` on disk), the programs are kept there
+  and a later process loads them without tracing.
   """
 
   def __init__(
@@ -654,6 +659,7 @@ class Predictor:
       compact: bool = True,
       min_rows: int = 8,
       shrink: int = 2,
+      executables: ExecutableCache | None = None,
   ):
     _check_beam_size(beam_size)
     self.config, self.max_decode_extra = config, max_decode_extra
@@ -661,26 +667,42 @@ class Predictor:
     self.compact, self.min_rows, self.shrink = compact, min_rows, shrink
     self.decoder = IncrementalDecoder(config)
     self.traces = 0
-    static = ("beam_size", "max_decode_len")
-    self._start = jax.jit(self._start_impl, static_argnames=static + ("cache_length",))
-    self._block = jax.jit(self._block_impl, static_argnames=static + ("end", "exit_at"))
-    self._take = jax.jit(_take_sentences)
+    static = ("beam_size", "max_decode_len", "end", "exit_at")
+    self._start = jax.jit(self._start_impl, static_argnames=static)
+    self._block = jax.jit(self._block_impl, static_argnames=static)
+    self.executables = executables
+    self._programs_name = f"Predictor {config!r}"  # the closures hold the model config
 
-  def _start_impl(self, params, inputs, alpha, beam_size, max_decode_len, cache_length):
-    """Encodes, runs the first step and sets up the search of a batch."""
+  def _run(self, name: str, jitted, *args, **static):
+    if self.executables is None:
+      return jitted(*args, **static)
+    return self.executables(self._name(name, static["beam_size"]), jitted, *args, **static)
+
+  def _name(self, name: str, beam_size: int) -> str:
+    """The programs' name in `executables` (what is prefetched together)."""
+    return f"{self._programs_name} beam {beam_size}: {name}"
+
+  def _start_impl(self, params, inputs, alpha, beam_size, max_decode_len, end, exit_at):
+    """Encodes, runs the first step, sets up the search of a batch with a cache of length `end`
+    and runs its first block (`_block_impl`): one program, as a batch always starts so."""
     self.traces += 1
-    log_probs, rows, sentence = self.decoder.first_step(params, inputs, cache_length)
+    log_probs, rows, sentence = self.decoder.first_step(params, inputs, end)
     if beam_size == 1:
       state = _greedy_init(log_probs, max_decode_len)
     else:
       state = _beam_init(log_probs, max_decode_len, beam_size, alpha)
       rows = expand_slots(rows, beam_size)
-    return SearchCarry(inputs, sentence, rows, state)
+    carry = SearchCarry(inputs, sentence, rows, state)
+    return self._block_impl(params, carry, alpha, None, beam_size, max_decode_len, end, exit_at)
 
-  def _block_impl(self, params, carry, alpha, beam_size, max_decode_len, end, exit_at):
+  def _block_impl(self, params, carry, alpha, keep, beam_size, max_decode_len, end, exit_at):
     """Steps until position `end` (the cache grown to it), or until at most `exit_at` sentences
-    are still decoding (0: until every sentence is done). Returns (carry, done [b], steps run
-    so far, the best tokens so far [b, n])."""
+    are still decoding (0: until every sentence is done), first keeping only the sentences
+    `keep` [b'] of `carry` unless it is None (the take and the block are one program, as a
+    smaller batch always goes on so). Returns (carry, done [b], steps run so far, the best
+    tokens so far [b, n])."""
+    if keep is not None:
+      carry = _take_sentences(carry, keep)
     step_fn = self.decoder.step_fn(params, carry.inputs, carry.sentence)
     rows = grow_cache(carry.rows, end, beam_size)
     if beam_size == 1:
@@ -733,22 +755,30 @@ class Predictor:
     n = max_decode_length(inputs, self.max_decode_extra, self.config.max_len)
     ends = cache_block_ends(n, self.block)
     static = {"beam_size": beam_size, "max_decode_len": n}
-    carry = self._start(params, inputs, alpha, cache_length=ends[0], **static)
+    if self.executables is not None:  # start loading what the last searches needed
+      for name in ("start", "block"):
+        self.executables.prefetch(self._name(name, beam_size))
     rows = inputs.shape[0]
     sharding = getattr(inputs, "sharding", None)  # numpy inputs: one device
     shards = rows // sharding.shard_shape(inputs.shape)[0] if sharding else 1  # along the batch
     out = np.full((rows, n), PAD_ID, np.int32)  # written as sentences leave and at the end
     where = np.arange(rows)  # the batch row of each row of `carry`
-    row_steps, last, j = 0, 0, 0
+    row_steps, last, j, keep, first = 0, 0, 0, None, True
     while True:
       # Leave the block as soon as the batch could shrink (by half), not at its end.
       smaller = self._smaller_batch(rows, -(-rows // self.shrink), shards) if self.compact else rows
-      exit_at = smaller if smaller < rows else 0
-      carry, done, steps, tokens = self._block(
-          params, carry, alpha, end=ends[j], exit_at=exit_at, **static
-      )
+      static["end"], static["exit_at"] = ends[j], smaller if smaller < rows else 0
+      if first:
+        carry, done, steps, tokens = self._run(
+            "start", self._start, params, inputs, alpha, **static
+        )
+        first = False
+      else:
+        carry, done, steps, tokens = self._run(
+            "block", self._block, params, carry, alpha, keep, **static
+        )
       done, steps = distributed.gather(done), int(distributed.gather(steps))  # waits for it
-      row_steps, last = row_steps + rows * (steps - last), steps
+      row_steps, last, keep = row_steps + rows * (steps - last), steps, None
       if steps >= ends[j]:
         j += 1
       if j == len(ends) or done.all():
@@ -758,7 +788,7 @@ class Predictor:
         continue
       keep = np.concatenate([np.flatnonzero(~done), np.flatnonzero(done)])[:size]
       _record(out, where, tokens)  # the finished sentences' translations
-      carry, rows, where = self._take(carry, keep), size, where[keep]
+      rows, where = size, where[keep]
     if stats is not None:
       stats["row_steps"] = stats.get("row_steps", 0) + row_steps
     _record(out, where, tokens)
@@ -772,10 +802,10 @@ class Predictor:
     return self._start._cache_size()
 
   def programs(self) -> int:
-    """Every program compiled and held: starts, blocks (per rows and cache length), and the
-    gathers that drop finished sentences."""
-    jitted = (self._start, self._block, self._take)
-    return sum(f._cache_size() for f in jitted)
+    """Every program compiled and held: starts (each with its first block) and blocks (per
+    rows and cache length, with or without the gather that drops finished sentences)."""
+    jitted = (self._start, self._block)
+    return sum(f._cache_size() for f in jitted) + (len(self.executables or ()))
 
 
 def _check_beam_size(beam_size: int):

@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpoint, decode, errors, sharding, xla_flags
+from transformer_jax import checkpoint, decode, errors, executables, sharding, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -299,13 +299,17 @@ def load_run(
     beam_size: int | None = None,
     alpha: float | None = None,
     devices: Sequence[jax.Device] | None = None,
+    executable_cache: str | None = None,
 ) -> LoadedRun:
   """Config, vocabulary and parameters of the training run in `workdir`, ready to translate.
 
   `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto" (what the
   run's final evaluation used; see `resolve_checkpoint`). `beam_size`/`alpha` override the run's
-  eval settings (the defaults of `translate_*`).
+  eval settings (the defaults of `translate_*`). `executable_cache`: a directory where the
+  compiled searches are kept, so that a later process loads them without tracing
+  (`executables.ExecutableCache`; not with JAX's persistent compilation cache on).
   """
+  programs = executables.ExecutableCache(executable_cache) if executable_cache else None
   config = load_config(workdir, beam_size, alpha)
   try:
     tokenizer = pipeline.load_workdir_tokenizer(workdir)
@@ -325,20 +329,10 @@ def load_run(
     params = restore_params(workdir, step, abstract)
     label = f"step {step}"
   predictor = decode.Predictor(
-      model_config, config.eval.max_decode_extra, config.eval.beam_size, config.eval.alpha
+      model_config,
+      config.eval.max_decode_extra,
+      config.eval.beam_size,
+      config.eval.alpha,
+      executables=programs,
   )
   return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)
-
-
-def enable_compilation_cache(directory: str | None) -> str | None:
-  """Keeps compiled programs in JAX's persistent compilation cache at `directory` (None or ""
-  turns it off), so a second run with the same shapes loads its search instead of compiling it.
-  Every program is kept, however fast it compiled. Returns the directory in use."""
-  if not directory:
-    return None
-  directory = os.path.abspath(os.path.expanduser(directory))
-  os.makedirs(directory, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", directory)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  return directory

@@ -11,9 +11,9 @@ longer than the run's maximum length is truncated with a warning naming the line
 not UTF-8 stops the program with an error naming the file and line. At the end the speed
 (sentences/s) goes to stderr.
 
-Compiled searches are kept in JAX's persistent compilation cache (--compilation_cache, by
-default a directory in the user's cache), so a second call with the same model shape loads
-them instead of compiling: it starts in seconds.
+Compiled searches are kept in --compilation_cache (by default a directory in the user's
+cache; `executables.ExecutableCache`), so a later call with the same model, shapes and code
+loads them instead of tracing and compiling them: it starts in about a second.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ __all__ = ["default_compilation_cache", "load_run", "read_lines", "translate_lin
 
 
 def default_compilation_cache() -> str:
-  """$XDG_CACHE_HOME (or ~/.cache)/transformer_jax/compilation: shared by every run of a model
+  """$XDG_CACHE_HOME (or ~/.cache)/transformer_jax/programs: shared by every run of a model
   shape, and writable even where the workdir is not."""
   root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "transformer_jax", "compilation")
+  return os.path.join(root, "transformer_jax", "programs")
 
 
 def load_run(workdir: str, which: str = "auto", beam_size=None, alpha=None):
@@ -103,7 +103,7 @@ def _define_flags():
   flags.DEFINE_string(
       "compilation_cache",
       default_compilation_cache(),
-      "JAX persistent compilation cache directory; empty to turn it off.",
+      "Directory where compiled searches are kept for later calls; empty to turn it off.",
   )
 
 
@@ -116,13 +116,19 @@ def main(argv):
     raise errors.UserError(f"--batch_tokens={args.batch_tokens}: must be >= 1")
   from transformer_jax import inference  # heavy (JAX); keeps --help fast
 
-  cache = inference.enable_compilation_cache(args.compilation_cache)
-  run = inference.load_run(args.workdir, args.checkpoint, args.beam_size, args.alpha)
+  run = inference.load_run(
+      args.workdir,
+      args.checkpoint,
+      args.beam_size,
+      args.alpha,
+      executable_cache=args.compilation_cache or None,
+  )
   import jax
 
   logging.info(
       "translating with %s (%s, α %g); compilation cache: %s", run.checkpoint,
-      "greedy" if run.beam_size == 1 else f"beam {run.beam_size}", run.alpha, cache or "off",
+      "greedy" if run.beam_size == 1 else f"beam {run.beam_size}", run.alpha,
+      args.compilation_cache or "off",
   )  # fmt: skip
   if args.input:
     try:
@@ -151,6 +157,14 @@ def main(argv):
       source.close()
     if target is not sys.stdout:
       target.close()
+  programs = run.predictor.executables
+  if programs is not None:
+    programs.close()
+    print(
+        f"compiled programs: {programs.loaded} loaded from {programs.directory}, "
+        f"{programs.compiled} compiled",
+        file=sys.stderr,
+    )
   wall = time.perf_counter() - start
   print(
       f"translated {lines} lines ({sentences} sentences) in {wall:.1f} s: "
