@@ -2,6 +2,7 @@
 
 import logging
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -94,6 +95,23 @@ def test_an_unreadable_program_is_reported_and_compiled_again(tmp_path, caplog):
   repaired("affine", AFFINE, x, w, power=2)
   assert (repaired.compiled, repaired.loaded) == (0, 1)
   assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_programs_unused_for_a_month_are_pruned_when_a_program_is_saved(tmp_path):
+  x, w = jnp.ones((2, 4)), jnp.ones((4, 2))
+  executables.ExecutableCache(str(tmp_path))("affine", AFFINE, x, w, power=2)
+  (kept,) = [tmp_path / f for f in _files(tmp_path)]
+  stale = tmp_path / ("0" * 64 + executables.SUFFIX)
+  stale.write_bytes(b"a program of an older version")
+  month = time.time() - (executables.MAX_AGE_DAYS + 1) * 86400
+  for path in (kept, stale):
+    os.utime(path, (month, month))
+  cache = executables.ExecutableCache(str(tmp_path))
+  cache("affine", AFFINE, x, w, power=2)  # loaded: its file is used again
+  assert kept.stat().st_mtime > month and stale.exists()  # nothing saved yet, nothing pruned
+  cache("affine", AFFINE, x, w, power=3)  # compiled and saved: the stale file goes
+  assert not stale.exists() and kept.exists() and len(_files(tmp_path)) == 2
+  cache.close()
 
 
 def test_it_refuses_to_run_beside_jax_persistent_compilation_cache(tmp_path):

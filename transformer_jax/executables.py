@@ -37,6 +37,7 @@ import os
 import pickle
 import platform
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,9 @@ from jax.experimental import serialize_executable
 from transformer_jax import errors
 
 SUFFIX = ".jaxexec"
+# A kept program (or list) unused for this long is deleted when a program is next saved: every
+# edit of the package makes all programs stale, and nothing else would ever remove them.
+MAX_AGE_DAYS = 30
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # jax config values that change what a traced function lowers to.
 _CONFIG_KEYS = (
@@ -151,6 +155,13 @@ def _load(path: str):
   )
 
 
+def _touch(path: str):
+  try:
+    os.utime(path)
+  except OSError:
+    pass
+
+
 def _serialize(program) -> bytes:
   """The pickled executable and the devices it runs on, in order (deserializing needs them;
   `serialize_executable.serialize` reads the same attribute of a `Compiled`)."""
@@ -213,6 +224,8 @@ class ExecutableCache:
         files = [line.strip() for line in f if line.strip().endswith(SUFFIX)]
     except OSError:
       files = []
+    else:
+      _touch(self._list_path(name))  # used: not to be pruned
     self._listed[name] = set(files)
     return list(dict.fromkeys(files))  # in order, once each
 
@@ -273,6 +286,7 @@ class ExecutableCache:
         )  # fmt: skip
     if program is not None:
       self.loaded += 1
+      _touch(path)  # used: not to be pruned
     else:
       _refuse_jax_cache()
       program = jitted.lower(*args, **static).compile()
@@ -300,6 +314,8 @@ class ExecutableCache:
     self._can_write = False
 
   def _save(self, path: str, program):
+    if not self.compiled - 1:  # the first program this process saves
+      self._prune()
     try:
       data = _serialize(program)
     except Exception as e:  # noqa: BLE001 - not every backend serializes; keep going
@@ -314,3 +330,18 @@ class ExecutableCache:
       os.replace(temporary, path)
     except OSError as e:
       self._cannot_write(e)
+
+  def _prune(self):
+    """Deletes the programs and lists of `directory` unused for `MAX_AGE_DAYS`."""
+    oldest = time.time() - MAX_AGE_DAYS * 86400
+    try:
+      entries = list(os.scandir(self.directory))
+    except OSError:
+      return
+    for entry in entries:
+      if entry.name.endswith((SUFFIX, ".order", ".tmp")):
+        try:
+          if entry.stat().st_mtime < oldest:
+            os.remove(entry.path)
+        except OSError:
+          pass  # another process removed it, or it is not ours to remove
