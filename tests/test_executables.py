@@ -58,6 +58,35 @@ def test_programs_are_loaded_from_disk_without_tracing(tmp_path):
   third.close()
 
 
+def test_the_next_process_prefetches_what_the_last_one_needed_in_its_order(tmp_path):
+  x, w = jnp.ones((2, 4)), jnp.ones((4, 2))
+
+  def files(*powers):
+    return [
+        os.path.basename(first.path(executables.signature("affine", (x, w), {"power": p})))
+        for p in powers
+    ]
+
+  def listed():
+    (name,) = _files(tmp_path, ".order")
+    return (tmp_path / name).read_text().split()
+
+  first = executables.ExecutableCache(str(tmp_path))
+  first("affine", AFFINE, x, w, power=2)
+  first("affine", AFFINE, x, w, power=3)
+  assert listed() == files(2, 3)
+  second = executables.ExecutableCache(str(tmp_path))
+  second("affine", AFFINE, x, w, power=4)  # compiled; its first call started the prefetch
+  for thread in second._threads:
+    thread.join()
+  assert sorted(second._ready) == sorted(str(tmp_path / f) for f in files(2, 3))
+  second("affine", AFFINE, x, w, power=3)
+  assert (second.compiled, second.loaded) == (1, 1)
+  assert listed() == files(4, 3, 2)  # this process's order first, then the rest
+  second.close()
+  assert not second._ready and not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
 def test_a_changed_source_or_device_set_makes_programs_stale(tmp_path, monkeypatch):
   x, w = jnp.ones((2, 4)), jnp.ones((4, 2))
   executables.ExecutableCache(str(tmp_path))("affine", AFFINE, x, w, power=2)

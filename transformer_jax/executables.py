@@ -13,10 +13,11 @@ must say whatever else decides the program, such as the model config a closure h
     cache = ExecutableCache(directory)
     out = cache(f"step {model_config!r}", jax.jit(step, static_argnames="n"), params, x, n=4)
 
-Loading is itself ~1.6 s for those 49 programs (rebuilding each HLO module), so the cache
-also keeps, per name, the list of its programs in the order they were first needed; the first
-call of a name (or `prefetch(name)`) starts a thread that loads them in that order while the
-first ones run (it releases the GIL: ~1 s less on the 2-vCPU VM). `close()` stops it.
+Loading is itself ~1.6 s for those programs (rebuilding each HLO module), so the cache also
+keeps, per name, the list of the programs the last process needed, in the order it needed
+them; the first call of a name (or `prefetch(name)`) starts a thread that loads them in that
+order while the first ones run (the loader releases the GIL: ~1 s less on the 2-vCPU VM). A
+program the thread has not started on yet is loaded by the caller itself. `close()` stops it.
 
 A file that cannot be read or loaded is reported and compiled again; files are written whole
 (a temporary file renamed), so an interrupted run never leaves half a file under a real name.
@@ -51,6 +52,7 @@ SUFFIX = ".jaxexec"
 # A kept program (or list) unused for this long is deleted when a program is next saved: every
 # edit of the package makes all programs stale, and nothing else would ever remove them.
 MAX_AGE_DAYS = 30
+MAX_LISTED = 64  # programs prefetched per name, at most
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # jax config values that change what a traced function lowers to.
 _CONFIG_KEYS = (
@@ -184,12 +186,15 @@ class ExecutableCache:
     self._programs: dict[str, Any] = {}  # signature -> program
     self._fingerprint: str | None = None
     self._can_write = True
-    self._listed: dict[str, set[str]] = {}  # name -> its programs' files, as listed on disk
+    # Per name, the list of its programs' files as read (then written) and those used here.
+    self._previous: dict[str, list[str]] = {}
+    self._used: dict[str, list[str]] = {}
     # Prefetching: a thread per name loads its listed programs into `_ready`; `_pending` holds
     # the files a thread will still load, so that a call waits for one rather than load it too.
     self._condition = threading.Condition()
     self._ready: dict[str, Any] = {}
     self._pending: set[str] = set()
+    self._loading: set[str] = set()  # being loaded by a thread now
     self._threads: list[threading.Thread] = []
     self._stop = False
 
@@ -226,12 +231,13 @@ class ExecutableCache:
       files = []
     else:
       _touch(self._list_path(name))  # used: not to be pruned
-    self._listed[name] = set(files)
-    return list(dict.fromkeys(files))  # in order, once each
+    files = list(dict.fromkeys(files))[:MAX_LISTED]  # in order, once each
+    self._previous[name], self._used[name] = files, []
+    return files
 
   def prefetch(self, name: str):
     """Starts loading, in a thread, the programs `name` needed before (once per name)."""
-    if not self.directory or name in self._listed:
+    if not self.directory or name in self._used:
       return
     paths = [os.path.join(self.directory, f) for f in self._read_list(name)]
     with self._condition:
@@ -244,20 +250,25 @@ class ExecutableCache:
 
   def _prefetch(self, paths: list[str]):
     for path in paths:
-      program = None
-      if not self._stop:
-        try:
-          program = _load(path)
-        except Exception:  # noqa: BLE001 - the caller loads it again and reports why
-          program = None
+      with self._condition:
+        if self._stop or path not in self._pending:  # stopped, or a caller took it over
+          self._pending.discard(path)
+          self._condition.notify_all()
+          continue
+        self._loading.add(path)
+      try:
+        program = _load(path)
+      except Exception:  # noqa: BLE001 - the caller loads it again and reports why
+        program = None
       with self._condition:
         if program is not None:
           self._ready[path] = program
         self._pending.discard(path)
+        self._loading.discard(path)
         self._condition.notify_all()
 
   def close(self):
-    """Stops prefetching (the program being loaded is finished) and drops unused programs."""
+    """Stops prefetching (a program being loaded is finished) and drops unused programs."""
     self._stop = True
     for thread in self._threads:
       thread.join()
@@ -265,9 +276,12 @@ class ExecutableCache:
     self._ready.clear()
 
   def _prefetched(self, path: str):
+    """The program at `path` if a prefetch thread loaded it (waiting while one loads it), or
+    None: then the caller loads it itself, and no thread will."""
     with self._condition:
-      while path in self._pending:
+      while path in self._loading:
         self._condition.wait()
+      self._pending.discard(path)
       return self._ready.pop(path, None)
 
   def _load_or_compile(self, name: str, key: str, jitted: Callable, args: tuple, static: dict):
@@ -297,15 +311,25 @@ class ExecutableCache:
     return program
 
   def _note(self, name: str, path: str):
-    """Lists `path` among `name`'s programs (in order of first use) unless it is already."""
+    """Lists `path` among `name`'s programs: the list on disk becomes the programs this process
+    used, in the order it first used them, then the rest of the list it found (at most
+    `MAX_LISTED`), so the next process prefetches what this one needed first."""
     file = os.path.basename(path)
-    listed = self._listed.setdefault(name, set())
-    if file in listed or not self._can_write:
+    used = self._used.setdefault(name, [])
+    if file in used or not self._can_write:
       return
-    listed.add(file)
+    used.append(file)
+    rest = [f for f in self._previous.get(name, []) if f not in used]
+    files = (used + rest)[:MAX_LISTED]
+    if files == self._previous.get(name):
+      return  # the same list
+    self._previous[name] = files
+    target = self._list_path(name)
+    temporary = f"{target}.{os.getpid()}.tmp"
     try:
-      with open(self._list_path(name), "a") as f:
-        f.write(file + "\n")  # one short line: processes appending at once do not mix
+      with open(temporary, "w") as out:
+        out.write("".join(line + "\n" for line in files))
+      os.replace(temporary, target)
     except OSError as e:
       self._cannot_write(e)
 

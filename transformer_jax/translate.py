@@ -176,6 +176,17 @@ def main(argv):
   return 0
 
 
+def _main_and_exit(argv):
+  """`main`, then the process ends at once: everything is written and closed by then, and
+  Python's teardown of the XLA runtime (freeing every loaded program and buffer) only makes
+  the user wait, ~0.5 s on the 2-vCPU VM. Compilers skip freeing at exit for the same reason."""
+  status = main(argv)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  logging.shutdown()
+  os._exit(status or 0)
+
+
 if __name__ == "__main__":
   _define_flags()
-  cli.run(main)
+  cli.run(_main_and_exit)
