@@ -255,14 +255,18 @@ def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run
       "--compilation_cache",
       str(tmp_path / "jax_cache"),
   ]
-  whole = subprocess.run(
-      common + ["--input", str(source)],
-      capture_output=True,
-      text=True,
-      cwd=REPO,
-      timeout=300,
-      check=False,
-  )
+
+  def translate_file():
+    return subprocess.run(
+        common + ["--input", str(source)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        check=False,
+    )
+
+  whole = translate_file()
   assert whole.returncode == 0, whole.stderr[-2000:]
   assert len(whole.stdout.splitlines()) == 5
   assert "sentences/s" in whole.stderr.splitlines()[-1]
@@ -278,14 +282,7 @@ def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run
   assert (tmp_path / "o.txt").read_text() == whole.stdout  # same lines, same order
   # A second call loads the compiled searches the first one kept, and translates the same.
   assert re.search(r"compiled programs: 0 loaded from .*, [1-9]\d* compiled", whole.stderr)
-  again = subprocess.run(
-      common + ["--input", str(source)],
-      capture_output=True,
-      text=True,
-      cwd=REPO,
-      timeout=300,
-      check=False,
-  )
+  again = translate_file()
   assert again.returncode == 0 and again.stdout == whole.stdout, again.stderr[-2000:]
   assert re.search(r"compiled programs: [1-9]\d* loaded from .*, 0 compiled", again.stderr)
 
