@@ -189,8 +189,9 @@ class ExecutableCache:
     # Per name, the list of its programs' files as read (then written) and those used here.
     self._previous: dict[str, list[str]] = {}
     self._used: dict[str, list[str]] = {}
-    # Prefetching: a thread per name loads its listed programs into `_ready`; `_pending` holds
-    # the files a thread will still load, so that a call waits for one rather than load it too.
+    # Prefetching: a thread per name loads its listed programs into `_ready`. `_pending` holds
+    # the files a thread is still to load: a call needing one the thread is loading waits for
+    # it, and takes over one it has not started on.
     self._condition = threading.Condition()
     self._ready: dict[str, Any] = {}
     self._pending: set[str] = set()
