@@ -639,8 +639,8 @@ class Predictor:
   keep their result. A batch of sentences sorted by source length still spreads over many
   output lengths, and a beam search with α > 0 runs until its last sentence can no longer
   improve, so without this most rows of a batch's last blocks are finished sentences carried
-  along. A done sentence's hypotheses never change
-  (`_search_done`), so dropping it changes no translation.
+  along. A done sentence's hypotheses never change (`_search_done`), so dropping it changes no
+  translation.
 
   α is a traced argument and the beam size static: each program compiles once per (input
   shape, beam size, block, rows), whatever α (tune_decoding tries several without
@@ -763,16 +763,15 @@ class Predictor:
     shards = rows // sharding.shard_shape(inputs.shape)[0] if sharding else 1  # along the batch
     out = np.full((rows, n), PAD_ID, np.int32)  # written as sentences leave and at the end
     where = np.arange(rows)  # the batch row of each row of `carry`
-    row_steps, last, j, keep, first = 0, 0, 0, None, True
+    row_steps, last, j, keep, carry = 0, 0, 0, None, None
     while True:
       # Leave the block as soon as the batch could shrink (by half), not at its end.
       smaller = self._smaller_batch(rows, -(-rows // self.shrink), shards) if self.compact else rows
       static["end"], static["exit_at"] = ends[j], smaller if smaller < rows else 0
-      if first:
+      if carry is None:
         carry, done, steps, tokens = self._run(
             "start", self._start, params, inputs, alpha, **static
         )
-        first = False
       else:
         carry, done, steps, tokens = self._run(
             "block", self._block, params, carry, alpha, keep, **static
@@ -805,7 +804,8 @@ class Predictor:
     """Every program compiled and held: starts (each with its first block) and blocks (per
     rows and cache length, with or without the gather that drops finished sentences)."""
     jitted = (self._start, self._block)
-    return sum(f._cache_size() for f in jitted) + (len(self.executables or ()))
+    held = len(self.executables) if self.executables is not None else 0
+    return sum(f._cache_size() for f in jitted) + held
 
 
 def _check_beam_size(beam_size: int):

@@ -157,9 +157,10 @@ def main(argv):
       source.close()
     if target is not sys.stdout:
       target.close()
+    if run.predictor.executables is not None:
+      run.predictor.executables.close()  # stops prefetching
   programs = run.predictor.executables
   if programs is not None:
-    programs.close()
     print(
         f"compiled programs: {programs.loaded} loaded from {programs.directory}, "
         f"{programs.compiled} compiled",
