@@ -89,8 +89,8 @@ def test_plot_refuses_a_directory_that_is_not_a_run_and_an_empty_log(tmp_path):
 ])  # fmt: skip
 def test_plot_refuses_an_output_it_could_not_write(tmp_path, output, expected):
   with pytest.raises(errors.UserError, match=expected):
-    plot._check_output(output.replace("DIR", str(tmp_path)))
-  plot._check_output(str(tmp_path / "curves.png"))  # and accepts one it can
+    plot.check_output(output.replace("DIR", str(tmp_path)))
+  plot.check_output(str(tmp_path / "curves.png"))  # and accepts one it can
 
 
 def test_sweep_refuses_a_missing_file_and_a_config_that_is_not_a_sweep(tmp_path):

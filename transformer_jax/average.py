@@ -11,7 +11,7 @@ import logging
 
 from absl import app, flags
 
-from transformer_jax import cli
+from transformer_jax import cli, errors
 
 
 def _define_flags():
@@ -29,17 +29,24 @@ def average_workdir(workdir: str, num: int) -> list[int]:
       checkpoint,
       inference,
       sharding,
+      workdir_lock,
   )
   from transformer_jax import config as config_lib
   from transformer_jax.data import pipeline
 
   config = inference.load_config(workdir)
-  tokenizer = pipeline.load_workdir_tokenizer(workdir)
+  try:
+    tokenizer = pipeline.load_workdir_tokenizer(workdir)
+  except (FileNotFoundError, ValueError) as e:
+    raise errors.UserError(str(e)) from None
   model_config = config_lib.model_config(config, tokenizer.vocab_size)
   mesh = sharding.make_mesh(config.mesh)
   abstract = inference.abstract_params(model_config, sharding.replicated(mesh))
-  params, steps = inference.average_params(workdir, abstract, num)
-  checkpoint.save_averaged(workdir, params, steps)
+  # averaged/ is the run's own (its final evaluation writes it too), and a training run deletes
+  # old checkpoints as it goes: averaging waits for no training on this workdir.
+  with workdir_lock.hold(workdir, "average"):
+    params, steps = inference.average_params(workdir, abstract, num)
+    checkpoint.save_averaged(workdir, params, steps)
   return steps
 
 

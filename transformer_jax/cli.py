@@ -99,11 +99,55 @@ def config_value(config_flag: flags.FlagHolder) -> ml_collections.ConfigDict:
 
 
 def workdir_args(argv: list[str], required: str = "workdir") -> flags.FlagValues:
-  """The parsed flags, after checking there are no stray arguments and --`required` is given."""
+  """The parsed flags, after checking there are no stray arguments and --`required` is given;
+  a --workdir (a training run's, which these commands read) must be a directory."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   args = flags.FLAGS
   if not getattr(args, required):
     raise app.UsageError(f"--{required} is required")
+  if required == "workdir" and not os.path.isdir(args.workdir):
+    check_directory(args.workdir)  # a file: says so
+    raise UserError(
+        f"--workdir {args.workdir}: no such directory (the --workdir of a training run)"
+    )
   logging.getLogger().setLevel(logging.INFO)
   return args
+
+
+def check_directory(path: str, flag: str = "--workdir") -> None:
+  """A UserError unless `path` is a directory or can become one: no file stands at it or at any
+  of its parents. Nothing is made."""
+  current = os.path.abspath(path)
+  while not os.path.exists(current):
+    parent = os.path.dirname(current)
+    if parent == current:
+      return
+    current = parent
+  if not os.path.isdir(current):
+    if current == os.path.abspath(path):
+      raise UserError(f"{flag} {path} is a file, not a directory (a new one or a run's)")
+    raise UserError(f"{flag} {path}: {current} is a file, not a directory")
+
+
+def make_directory(path: str, flag: str = "--workdir") -> None:
+  """`os.makedirs(path, exist_ok=True)`, with what stops it (a file in the way, no permission)
+  as a UserError naming `flag`."""
+  check_directory(path, flag)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"{flag} {path}: cannot create it ({e.strerror})") from None
+
+
+def check_output_file(path: str, flag: str = "--output") -> None:
+  """A UserError unless a file can be written at `path`: its directory exists, and `path` is not
+  a directory. Checked before the work whose result it receives."""
+  if os.path.isdir(path):
+    raise UserError(f"{flag} {path} is a directory; give a file name")
+  directory = os.path.dirname(path) or "."
+  check_directory(directory, flag)
+  if not os.path.isdir(directory):
+    raise UserError(f"{flag} {path}: the directory {directory} does not exist")
+  if not os.access(directory, os.W_OK):
+    raise UserError(f"{flag} {path}: the directory {directory} is not writable")

@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from transformer_jax import errors, sharding, xla_flags
+from transformer_jax import cli, errors, sharding, xla_flags
 from transformer_jax.model_config import TransformerConfig
 
 SOURCES = ("synthetic", "text", "tfds")
@@ -67,6 +67,10 @@ def default_config() -> ml_collections.ConfigDict:
   # Pack several pairs into each row of max_len (segment ids and positions keep them apart)
   # instead of bucketing by length: one jit shape and almost no padding (batching.py).
   c.data.packing = False
+  # Rows of every training batch (per bucket, or packed) are a multiple of this, besides the
+  # device count: a run may later resume on any device count that divides it (growth; shrinking
+  # needs nothing). E.g. 8 on a CPU or one GPU, to move to a host of 8; 1 = no constraint.
+  c.data.row_multiple = 1
   c.data.spm_max_sentences = 1_000_000  # SentencePiece trains on a random sample this big
   c.data.synthetic_seed = 0
   c.data.synthetic_train_size = 50_000
@@ -199,13 +203,21 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "data.max_len",
       f"exceeds model.max_len={config.model.max_len}, the positional table's length",
   )
-  check(
-      not os.path.isfile(d.cache_dir),
-      "data.cache_dir",
-      "is a file; it should be a directory for prepared corpora (or '' for the default)",
-  )
+  if d.cache_dir:  # a directory for prepared corpora, made if missing; a file in the way fails
+    try:
+      cli.check_directory(d.cache_dir, "config.data.cache_dir")
+    except errors.UserError as e:
+      raise ConfigError(
+          f"{e}; give a directory for prepared corpora (or '' for the default)"
+      ) from None
   check(d.bucket_step >= 1, "data.bucket_step", "must be >= 1")
   check(d.num_buckets >= 1, "data.num_buckets", "must be >= 1")
+  check(d.row_multiple >= 1, "data.row_multiple", "must be >= 1 (1 = no constraint)")
+  check(
+      d.tokens_per_batch >= d.row_multiple * d.max_len,
+      "data.tokens_per_batch",
+      f"must hold data.row_multiple={d.row_multiple} rows of data.max_len={d.max_len} tokens",
+  )
   check(d.spm_max_sentences >= 1, "data.spm_max_sentences", "must be >= 1")
   if d.source == "tfds":
     check(bool(d.tfds_name), "data.tfds_name", "the tfds source needs a dataset name")

@@ -158,7 +158,7 @@ def summary(workdir: str, records: list[dict]) -> dict:
   return out
 
 
-def _check_output(output: str) -> None:
+def check_output(output: str) -> None:
   """A figure file matplotlib can write at `output`, or a UserError naming --output."""
   pyplot()  # matplotlib, or the error saying what to install
   from matplotlib.backend_bases import FigureCanvasBase
@@ -190,7 +190,7 @@ def main(argv):
         "not tell them apart"
     )
   output = args.output or os.path.join(args.workdir[0], "curves.png")
-  _check_output(output)
+  check_output(output)
   plot(runs, output, args.x)
   print(
       json.dumps(

@@ -113,6 +113,9 @@ def figure_for_sentence(
 
   if not sentence.strip():
     raise errors.UserError("--sentence is empty: give the source sentence to translate")
+  output = output or os.path.join(workdir, "attention.png")
+  if os.path.isdir(workdir):  # else load_run names the workdir's problem
+    plot.check_output(output)  # before the run is loaded and the sentence translated
   run = inference.load_run(workdir, which, beam_size=beam_size)
   layers = run.model_config.num_layers
   if not (run.model_config.decoder_layers == layers and -layers <= layer < layers):
@@ -130,7 +133,6 @@ def figure_for_sentence(
       "output": token_labels(run.tokenizer, output_ids),
       "decoder_input": token_labels(run.tokenizer, [BOS_ID, *output_ids[:-1]]),
   }
-  output = output or os.path.join(workdir, "attention.png")
   draw(maps, layer, labels, output)
   return {
       "output": output,

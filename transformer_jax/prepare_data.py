@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 
 from absl import flags
@@ -40,7 +39,7 @@ def main(argv):
   from transformer_jax import config as config_lib
   from transformer_jax.data import pipeline, prepared
 
-  config = _CONFIG.value
+  config = cli.config_value(_CONFIG)
   config_lib.validate(config)
   if config.data.source == "synthetic":
     raise config_lib.ConfigError(
@@ -49,8 +48,9 @@ def main(argv):
     )
   workdir = _WORKDIR.value
   if workdir is not None:
-    os.makedirs(workdir, exist_ok=True)
+    cli.make_directory(workdir)
   cache_dir = config.data.cache_dir or pipeline.default_cache_dir(workdir)
+  cli.make_directory(cache_dir, "config.data.cache_dir")
   start = time.perf_counter()
   sources = pipeline.split_sources(config)
   vocab_directory, missing = pipeline.prepare(config, workdir, cache_dir, sources=sources)

@@ -37,6 +37,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from transformer_jax import errors
+
 # Logical axis names (parameters and activations).
 BATCH = "batch"
 LENGTH = "length"
@@ -89,26 +91,32 @@ RULES = {
 
 
 def make_mesh(mesh_shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds a ('data', 'fsdp', 'tensor') mesh; one size may be -1 to take the remaining devices."""
+  """Builds a ('data', 'fsdp', 'tensor') mesh; one size may be -1 to take the remaining devices.
+
+  A shape these devices cannot fill is the user's to fix (`--config.mesh.*`): a UserError.
+  """
   devices = list(jax.devices() if devices is None else devices)
   unknown = set(mesh_shape) - set(MESH_AXES)
   if unknown:
-    raise ValueError(f"config.mesh has unknown axes {sorted(unknown)}; expected {MESH_AXES}")
+    raise errors.UserError(f"config.mesh has unknown axes {sorted(unknown)}; expected {MESH_AXES}")
   sizes = [int(mesh_shape.get(axis, 1)) for axis in MESH_AXES]
   fill = [i for i, s in enumerate(sizes) if s == -1]
   if len(fill) > 1 or any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f"config.mesh={dict(mesh_shape)}: sizes must be positive, at most one -1")
+    raise errors.UserError(
+        f"config.mesh={dict(mesh_shape)}: sizes must be positive, at most one -1"
+    )
   known = int(np.prod([s for s in sizes if s != -1]))
   if fill:
     if len(devices) % known:
-      raise ValueError(
-          f"config.mesh={dict(mesh_shape)}: {len(devices)} devices do not divide by {known}"
+      raise errors.UserError(
+          f"config.mesh={dict(mesh_shape)}: {len(devices)} devices do not divide by {known}; "
+          "set --config.mesh.* to sizes whose product divides the device count"
       )
     sizes[fill[0]] = len(devices) // known
   if int(np.prod(sizes)) != len(devices):
-    raise ValueError(
+    raise errors.UserError(
         f"config.mesh={dict(mesh_shape)} needs {int(np.prod(sizes))} devices, "
-        f"but {len(devices)} are available"
+        f"but {len(devices)} are available; set --config.mesh.* to fit them (-1 fills one axis)"
     )
   return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
 

@@ -30,12 +30,14 @@ import tqdm
 
 from transformer_jax import (
     checkpoint,
+    cli,
     distributed,
     errors,
     losses,
     optim,
     preemption,
     sharding,
+    workdir_lock,
     xla_flags,
 )
 from transformer_jax import config as config_lib
@@ -298,6 +300,34 @@ class Trainer:
       yield {k: v[start : start + process_rows] for k, v in batch.items()}
 
 
+def batch_multiple(config: ml_collections.ConfigDict, num_batch_shards: int) -> int:
+  """Global rows of every training batch are a multiple of this: the devices the batch is split
+  over times the micro-batches (every device gets equal rows of each), the processes (equal rows
+  each), and `data.row_multiple`, so that a run can resume on any device count dividing it."""
+  return math.lcm(
+      num_batch_shards * config.train.grad_accum_steps,
+      jax.process_count(),
+      config.data.get("row_multiple", 1),  # configs saved before the key existed
+  )
+
+
+def _check_devices(config: ml_collections.ConfigDict, devices) -> None:
+  """A mesh these devices cannot form, or a token budget too small for one row per device, is a
+  UserError now, before any data is read."""
+  mesh = sharding.make_mesh(config.mesh, devices)
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  multiple = batch_multiple(config, shards)
+  d = config.data
+  if d.tokens_per_batch < multiple * d.max_len:
+    raise config_lib.ConfigError(
+        f"config.data.tokens_per_batch={d.tokens_per_batch}: batch rows are a multiple of "
+        f"{multiple} ({shards} devices share the batch, train.grad_accum_steps="
+        f"{config.train.grad_accum_steps}, {jax.process_count()} processes, data.row_multiple="
+        f"{d.get('row_multiple', 1)}), so rows of data.max_len={d.max_len} need at least "
+        f"{multiple * d.max_len} tokens. Raise tokens_per_batch, or lower one of those."
+    )
+
+
 def _round_up(x: int, multiple: int) -> int:
   return -(-x // multiple) * multiple
 
@@ -475,11 +505,17 @@ def run(
   this process first joins the multi-process job (see distributed.py).
   """
   config_lib.validate(config)
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise errors.UserError(f"--workdir {workdir} is a file, not a directory (a new one or a run's)")
+  cli.check_directory(workdir)  # a file at it, or at a parent: before anything is written
   xla_flags.apply(config.xla_flags)  # before JAX creates a backend, which reads XLA_FLAGS
   distributed.initialize(config)  # before anything asks JAX for devices or the process index
-  os.makedirs(workdir, exist_ok=True)
+  _check_devices(config, devices)  # a mesh or batch this machine cannot hold: before any data
+  cli.make_directory(workdir)
+  with workdir_lock.hold(workdir, "train"):  # one writer: a second run is refused here
+    return _train(config, workdir, devices)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
+  """`run`'s work, under the workdir's lock."""
   _check_workdir_config(workdir, config)
   dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
   tokenizer = dataset.tokenizer
@@ -487,18 +523,19 @@ def run(
   trainer = Trainer(config, model_config, devices)
   buckets = dataset.bucket_lengths(config.data)
   eval_buckets = dataset.eval_bucket_lengths(config.data)
-  train_iter = batching.BatchIterator(
-      dataset.splits["train"].examples,
-      seed=config.seed,
-      bucket_lengths=buckets,
-      tokens_per_batch=config.data.tokens_per_batch,
-      batch_multiple=math.lcm(
-          trainer.num_batch_shards * config.train.grad_accum_steps, jax.process_count()
-      ),
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-      packing=config.data.get("packing", False),  # configs saved before the key existed
-  )
+  try:
+    train_iter = batching.BatchIterator(
+        dataset.splits["train"].examples,
+        seed=config.seed,
+        bucket_lengths=buckets,
+        tokens_per_batch=config.data.tokens_per_batch,
+        batch_multiple=batch_multiple(config, trainer.num_batch_shards),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        packing=config.data.get("packing", False),  # configs saved before the key existed
+    )
+  except ValueError as e:  # the data and the batch settings do not fit: e.g. no full batch
+    raise config_lib.ConfigError(f"config.data: {e}") from None
   logging.info(
       "model: %s; %d train pairs (%d truncated); rows per bucket %s; mesh %s",
       model_config,
@@ -643,7 +680,13 @@ def _restore_or_init(manager, trainer, train_iter, chrono, seed, workdir) -> Tra
     return trainer.init_state(seed)
   state, data_state = restored
   chrono.load(data_state)
-  train_iter.set_state(data_state)
+  try:
+    train_iter.set_state(data_state)
+  except ValueError as e:  # e.g. a device count that does not divide the saved rows
+    raise errors.UserError(
+        f"{workdir}: cannot resume at step {int(state.step)}: {e} To let a run change device "
+        "counts, start it with --config.data.row_multiple set to a multiple of every count."
+    ) from None
   logging.info(
       "resumed from step %d in %s (%.0f s of training so far)",
       int(state.step),

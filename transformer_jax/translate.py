@@ -114,6 +114,11 @@ def main(argv):
     raise errors.UserError(f"--chunk_lines={args.chunk_lines}: must be >= 1")
   if args.batch_tokens is not None and args.batch_tokens < 1:
     raise errors.UserError(f"--batch_tokens={args.batch_tokens}: must be >= 1")
+  if args.input and not os.path.isfile(args.input):
+    reason = "is a directory" if os.path.isdir(args.input) else "no such file"
+    raise errors.UserError(f"--input={args.input}: {reason}")
+  if args.output:
+    cli.check_output_file(args.output)  # before the run is loaded and anything translated
   from transformer_jax import inference  # heavy (JAX); keeps --help fast
 
   run = inference.load_run(

@@ -220,7 +220,7 @@ def _file_fingerprint(path: str) -> dict:
         f.seek(max(_HASH_BYTES, size - _HASH_BYTES))
         digest.update(f.read(_HASH_BYTES))
   except FileNotFoundError:
-    raise FileNotFoundError(text.missing_message(path)) from None
+    raise text.MissingFileError(text.missing_message(path)) from None
   return {"name": os.path.basename(path), "size": size, "sha256_head_tail": digest.hexdigest()}
 
 

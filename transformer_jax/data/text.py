@@ -32,6 +32,10 @@ class CorpusError(errors.UserError):
   """A corpus file is malformed; the message names the file (and line, where there is one)."""
 
 
+class MissingFileError(CorpusError, FileNotFoundError):
+  """A corpus file is missing; the message says where it was looked for and what is there."""
+
+
 @dataclasses.dataclass
 class ParallelText:
   pairs: list[Pair]  # (source, target), both stripped and non-empty
@@ -112,7 +116,7 @@ def _open(path: str):
   try:
     return open(path, "rb")
   except FileNotFoundError:
-    raise FileNotFoundError(missing_message(path)) from None
+    raise MissingFileError(missing_message(path)) from None
   except OSError as e:
     raise CorpusError(f"{path}: cannot read the file: {e.strerror or e}.") from e
 
