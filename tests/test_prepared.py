@@ -124,6 +124,88 @@ def test_a_manifest_that_does_not_match_is_refused(tmp_path):
     pipeline.load_dataset(config)
 
 
+def _damage(path, how):
+  data = bytearray(path.read_bytes())
+  if how == "truncated":
+    path.write_bytes(bytes(data[: len(data) - 40]))
+  else:  # one byte flipped in the middle, where the values are
+    data[len(data) // 2 + 1] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncated", "byte-flipped"])
+@pytest.mark.parametrize("name", ["source.npy", "target_text_offsets.npy"])
+def test_a_damaged_prepared_file_is_named_in_one_line_and_prepared_again(
+    tmp_path, caplog, how, name
+):
+  small_corpus(tmp_path)
+  config = cached_config(tmp_path, tmp_path / "cache")
+  first = pipeline.load_dataset(config)
+  train = next(d for d in _split_dirs(first.cache_dir) if os.path.basename(d).startswith("train"))
+  want = (list(first.splits["train"].examples), list(first.splits["train"].pairs))
+  path = tmp_path / "cache" / train / name
+  _damage(path, how)  # in place: `first`'s memory maps see it too
+  source = pipeline.split_sources(config)["train"]
+  # Opened as it is, the damage is one CacheError naming the file, never a NumPy traceback.
+  if how == "truncated" and name == "source.npy":
+    with pytest.raises(prepared.CacheError, match=rf"{name} .*cannot be read .*damaged"):
+      prepared.open_split(train, source, first.cache_dir)
+  assert name in prepared.split_problem(train)
+  with caplog.at_level(logging.INFO):
+    again = pipeline.load_dataset(config)
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert len(warnings) == 1 and str(path) in warnings[0], warnings
+  assert "preparing the split again" in warnings[0]
+  assert "tokenized 400 pairs of train" in caplog.text and "tokenized 8" not in caplog.text
+  assert prepared.split_problem(train) is None
+  assert (list(again.splits["train"].examples), list(again.splits["train"].pairs)) == want
+
+
+def test_a_split_whose_manifest_has_no_checksums_is_prepared_again_saying_so(tmp_path, caplog):
+  small_corpus(tmp_path)
+  config = cached_config(tmp_path, tmp_path / "cache")
+  first = pipeline.load_dataset(config)
+  for split in _split_dirs(first.cache_dir):  # as a cache made without the "files" record
+    manifest = prepared._read_json(os.path.join(split, "manifest.json"))
+    del manifest["files"]
+    prepared._write_json(os.path.join(split, "manifest.json"), manifest)
+  with caplog.at_level(logging.WARNING):
+    again = pipeline.load_dataset(config)
+  assert caplog.text.count("records no file sizes or checksums") == 3
+  assert again.splits["test"].examples == first.splits["test"].examples
+  assert all(prepared.split_problem(d) is None for d in _split_dirs(first.cache_dir))
+  assert not [n for n in os.listdir(first.cache_dir) if n.startswith(".")]  # nothing left aside
+
+
+def test_a_damaged_vocabulary_or_manifest_is_one_error_naming_it(tmp_path):
+  small_corpus(tmp_path)
+  config = cached_config(tmp_path, tmp_path / "cache")
+  vocab_directory = pipeline.load_dataset(config).cache_dir
+  model = os.path.join(vocab_directory, prepared.VOCAB_FILE)
+  with open(model, "r+b") as f:
+    f.seek(100)
+    f.write(b"\0")
+  with pytest.raises(prepared.CacheError, match=r"vocab.model is missing or not the vocabulary"):
+    pipeline.load_dataset(config)
+  with open(os.path.join(vocab_directory, "manifest.json"), "w") as f:
+    f.write('{"vocab_sha')
+  with pytest.raises(prepared.CacheError, match=r"manifest.json is not JSON .* Delete "):
+    pipeline.load_dataset(config)
+
+
+def test_file_record_samples_a_large_file_and_always_sees_its_size(tmp_path):
+  path = tmp_path / "big.npy"
+  data = np.random.default_rng(0).integers(0, 255, 10 << 20, np.uint8)
+  data.tofile(path)
+  record = prepared.file_record(str(path))
+  data[0] ^= 1  # inside the first sampled block
+  data.tofile(path)
+  assert prepared.file_record(str(path)) != record
+  data[0] ^= 1
+  np.concatenate([data, [7]]).astype(np.uint8).tofile(path)  # one byte more
+  assert prepared.file_record(str(path))["size"] == record["size"] + 1
+
+
 def test_bad_lines_are_named_during_preparation(tmp_path):
   small_corpus(tmp_path)
   with open(tmp_path / "train.de", "ab") as f:

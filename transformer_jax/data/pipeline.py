@@ -183,8 +183,13 @@ def prepare(
   sources = sources or split_sources(config, splits)
   spec = _vocab_spec(config, workdir, cache_dir, sources["train"])
   vocab_directory = prepared.vocab_dir(cache_dir, _corpus_name(config), spec, sources["train"])
-  missing = not prepared.is_complete(vocab_directory) or not all(
-      prepared.is_complete(prepared.split_dir(vocab_directory, k, sources[k])) for k in splits
+  # A damaged split is set aside to be prepared again (saying so); a damaged vocabulary is an
+  # error, as its splits were encoded with it.
+  have_vocab = prepared.is_complete(vocab_directory)
+  if have_vocab:
+    prepared.check_vocab(vocab_directory)
+  missing = not have_vocab or not all(
+      prepared.check_split(prepared.split_dir(vocab_directory, k, sources[k])) for k in splits
   )
   if missing:
     prepared.prepare_vocab(cache_dir, _corpus_name(config), spec, sources["train"])

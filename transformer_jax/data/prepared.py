@@ -60,6 +60,11 @@ VOCAB_FILE = "vocab.model"
 _CHUNK_PAIRS = 65_536  # pairs per encode call: big enough for threads, small in memory
 _HASH_BYTES = 1 << 20  # the head and the tail of a text file that its fingerprint hashes
 _SIDES = ("source", "target")
+_ARRAYS = ("source", "target", "source_text", "target_text")
+# A split's files; the manifest records each one's size and a hash of sampled blocks.
+SPLIT_FILES = tuple(f"{name}{suffix}.npy" for name in _ARRAYS for suffix in ("", "_offsets"))
+_SAMPLE_BLOCKS = 16  # blocks a file's checksum hashes: evenly spaced, the first and last included
+_SAMPLE_BLOCK_BYTES = 4096
 
 
 class CacheError(errors.UserError):
@@ -233,6 +238,17 @@ def vocab_sha256(vocab_directory: str) -> str:
   return _read_json(os.path.join(vocab_directory, "manifest.json"))["vocab_sha256"]
 
 
+def check_vocab(vocab_directory: str) -> None:
+  """A CacheError unless the directory's vocabulary is the file its manifest records."""
+  path = os.path.join(vocab_directory, VOCAB_FILE)
+  if not os.path.isfile(path) or sha256_file(path) != vocab_sha256(vocab_directory):
+    raise CacheError(
+        f"{path} is missing or not the vocabulary its manifest records (sha256): the prepared "
+        f"vocabulary is damaged. Delete {vocab_directory} (its splits were encoded with it); the "
+        "same command prepares them again."
+    )
+
+
 def _key(inputs: dict) -> str:
   return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -240,6 +256,22 @@ def _key(inputs: dict) -> str:
 def sha256_file(path: str) -> str:
   with open(path, "rb") as f:
     return hashlib.sha256(f.read()).hexdigest()
+
+
+def file_record(path: str) -> dict:
+  """A prepared file's size and the sha256 of `_SAMPLE_BLOCKS` evenly spaced 4 KiB blocks (the
+  whole file when it is smaller): cheap on every open whatever the corpus's size (64 KiB read per
+  file), it finds a truncated or extended file always and damage inside a block it samples."""
+  size = os.path.getsize(path)
+  digest = hashlib.sha256(str(size).encode())
+  with open(path, "rb") as f:
+    if size <= _SAMPLE_BLOCKS * _SAMPLE_BLOCK_BYTES:
+      digest.update(f.read())
+    else:
+      for offset in np.linspace(0, size - _SAMPLE_BLOCK_BYTES, _SAMPLE_BLOCKS).astype(np.int64):
+        f.seek(int(offset))
+        digest.update(f.read(_SAMPLE_BLOCK_BYTES))
+  return {"size": size, "sha256_sampled": digest.hexdigest()}
 
 
 # ----------------------------------------------------------------------------- vocabulary
@@ -347,9 +379,9 @@ def split_dir(vocab_directory: str, key: str, source: SplitSource) -> str:
 def prepare_split(
     vocab_directory: str, key: str, source: SplitSource, num_threads: int = -1
 ) -> str:
-  """The split's directory, tokenized into it if missing."""
+  """The split's directory, tokenized into it if missing (or set aside by `check_split`)."""
   final = split_dir(vocab_directory, key, source)
-  if is_complete(final):
+  if check_split(final):
     return final
   model = os.path.join(vocab_directory, VOCAB_FILE)
   tokenizer = SentencePieceTokenizer(model)
@@ -375,6 +407,7 @@ def prepare_split(
       num_pairs += len(chunk)
     counts = {name: w.close() for name, w in writers.items()}
     manifest = {
+        "files": {name: file_record(os.path.join(tmp, name)) for name in SPLIT_FILES},
         "key_inputs": {
             "format": FORMAT_VERSION,
             "source": source.fingerprint,
@@ -395,6 +428,66 @@ def prepare_split(
   return final
 
 
+def split_problem(directory: str) -> str | None:
+  """What is wrong with a complete prepared split's files, naming the file; None if nothing.
+
+  Each file's size and sampled checksum must be the manifest's (`file_record`), each offsets
+  array must start at 0, never decrease and end at its values' count.
+  """
+  try:
+    manifest = _read_json(os.path.join(directory, "manifest.json"))
+  except (OSError, ValueError) as e:
+    return f"{directory}/manifest.json cannot be read ({e})"
+  if not isinstance(manifest.get("files"), dict):
+    return f"{directory}/manifest.json records no file sizes or checksums to verify the split by"
+  for name in SPLIT_FILES:
+    path = os.path.join(directory, name)
+    want = manifest["files"].get(name) or {}
+    try:
+      got = file_record(path)
+    except OSError as e:
+      return f"{path} cannot be read ({e.strerror or e})"
+    if got["size"] != want.get("size"):
+      return f"{path} has {got['size']} bytes, its manifest says {want.get('size')}"
+    if got != want:
+      return f"{path} does not match the checksum its manifest records (damaged bytes)"
+  for name in _ARRAYS:
+    try:
+      tokens = np.load(os.path.join(directory, f"{name}.npy"), mmap_mode="r")
+      offsets = np.load(os.path.join(directory, f"{name}_offsets.npy"))
+    except (OSError, ValueError) as e:  # a damaged .npy header
+      return f"{directory}/{name}.npy or its offsets cannot be read as arrays ({e})"
+    if (
+        offsets.ndim != 1
+        or len(offsets) != manifest.get("num_pairs", -1) + 1
+        or offsets[0] != 0
+        or offsets[-1] != len(tokens)
+        or np.any(offsets[1:] < offsets[:-1])
+    ):
+      return f"{directory}/{name}_offsets.npy does not describe {name}.npy (damaged values)"
+  return None
+
+
+def check_split(directory: str) -> bool:
+  """Whether `directory` holds a complete, intact prepared split. A damaged one (`split_problem`),
+  or one whose manifest records no checksums, is set aside, saying why, to be prepared again."""
+  if not is_complete(directory):
+    return False
+  problem = split_problem(directory)
+  if problem is None:
+    return True
+  logging.warning("data: %s: preparing the split again", problem)
+  parent, base = os.path.split(directory)
+  # A name _atomic_dir removes once this process is gone, should the removal below be cut short.
+  aside = os.path.join(parent, f".tmp-{base}-{socket.gethostname()}-{os.getpid()}-set-aside")
+  try:
+    os.rename(directory, aside)
+  except FileNotFoundError:  # another process set it aside first
+    return False
+  shutil.rmtree(aside, ignore_errors=True)
+  return False
+
+
 def open_split(directory: str, source: SplitSource, vocab_directory: str) -> PreparedSplit:
   """A prepared split, memory-mapped; refused unless its manifest matches what it should hold."""
   manifest = _read_json(os.path.join(directory, "manifest.json"))
@@ -407,9 +500,15 @@ def open_split(directory: str, source: SplitSource, vocab_directory: str) -> Pre
         "prepared again."
     )
   arrays = {}
-  for name in ("source", "target", "source_text", "target_text"):
-    tokens = np.load(os.path.join(directory, f"{name}.npy"), mmap_mode="r")
-    offsets = np.load(os.path.join(directory, f"{name}_offsets.npy"))
+  for name in _ARRAYS:
+    try:
+      tokens = np.load(os.path.join(directory, f"{name}.npy"), mmap_mode="r")
+      offsets = np.load(os.path.join(directory, f"{name}_offsets.npy"))
+    except (OSError, ValueError) as e:  # NumPy's words for a truncated or damaged file
+      raise CacheError(
+          f"{directory}/{name}.npy or {name}_offsets.npy cannot be read ({e}): the prepared split "
+          "is damaged. Delete the directory; the same command prepares it again."
+      ) from None
     if len(offsets) != manifest["num_pairs"] + 1 or offsets[-1] != len(tokens):
       raise CacheError(
           f"{directory}/{name}.npy holds {len(tokens)} values and {len(offsets) - 1} offsets, "
@@ -513,5 +612,11 @@ def _write_json(path: str, value: dict) -> None:
 
 
 def _read_json(path: str) -> dict:
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise CacheError(
+        f"{path} is not JSON ({e}): the prepared directory is damaged. Delete "
+        f"{os.path.dirname(path)}; the same command prepares it again."
+    ) from None
