@@ -17,7 +17,7 @@ import pytest
 import sacrebleu
 from testing import tiny_train_config
 
-from transformer_jax import checkpoint, train
+from transformer_jax import checkpoint, errors, train
 from transformer_jax import config as config_lib
 from transformer_jax.data import batching, pipeline
 
@@ -174,6 +174,46 @@ def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch):
   # Steps 5 and 6 saw the same batches: identical losses.
   straight, resumed = _train_losses(tmp_path / "straight"), _train_losses(tmp_path / "resumed")
   assert straight[5] == resumed[5] and straight[6] == resumed[6]
+
+
+def test_a_run_started_on_one_device_grows_to_eight_at_the_same_data_position(
+    tmp_path, monkeypatch
+):
+  # Rows of 21 (512 tokens // 24) do not split over 8 devices; data.row_multiple=8 makes them 16.
+  config = tiny_config(num_steps=4, checkpoint_every=2, log_every=1)
+  config.data.row_multiple = 8
+  train.run(config, str(tmp_path / "straight"), devices=jax.devices()[:1])
+
+  def stop():  # during step 3, after the checkpoint at step 2
+    raise KeyboardInterrupt("the machine is replaced by a bigger one")
+
+  monkeypatch.setattr(train.Trainer, "train_step", _on_step(3, stop))
+  with pytest.raises(KeyboardInterrupt):
+    train.run(config, str(tmp_path / "grown"), devices=jax.devices()[:1])
+  monkeypatch.undo()
+  results = train.run(config, str(tmp_path / "grown"), devices=jax.devices()[:8])
+
+  assert results["step"] == 4
+  (straight, data_straight), (grown, data_grown) = map(
+      _final_params, (tmp_path / "straight", tmp_path / "grown")
+  )
+  for data in (data_straight, data_grown):
+    data.pop("train_seconds")
+  assert data_grown == data_straight and data_grown["rows"] == [16]  # the same batches
+  params_close(grown.params, straight.params, rtol=1e-4, atol=1e-6)  # 8-way sums: rounding only
+  losses = _train_losses(tmp_path / "straight"), _train_losses(tmp_path / "grown")
+  assert round(losses[0][4], 4) == round(losses[1][4], 4)
+
+  # A device count that does not divide the saved rows (16 on 3 devices) is one line naming the
+  # key that would have allowed it, before any step.
+  config.data.row_multiple, config.train.num_steps = 1, 6
+  with pytest.raises(
+      errors.UserError,
+      match=r"cannot resume at step 4: .* \[16\]; .*" r"--config.data.row_multiple",
+  ) as raised:
+    train.run(config, str(tmp_path / "grown"), devices=jax.devices()[:3])
+  assert "\n" not in str(raised.value)
+  assert len(_records(tmp_path / "grown", "start")) == 2  # no session of its own
 
 
 def test_an_unreadable_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(
