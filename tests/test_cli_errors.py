@@ -117,11 +117,83 @@ def test_sweep_names_a_damaged_results_file(tmp_path, text, expected):
     sweep.collect(str(tmp_path), ["A1"], {"A1": ({}, 1.0, 1.0, None)})
 
 
+@pytest.mark.parametrize("path, expected", [
+    ("DIR/a_dir", r"--output DIR/a_dir is a directory; give a file name"),
+    ("DIR/missing/out.txt", r"--output DIR/missing/out.txt: the directory DIR/missing does not"),
+    ("DIR/a_file/out.txt", r"--output DIR/a_file/out.txt: DIR/a_file is a file, not a directory"),
+    ("DIR/a_file/x/out.txt", r"--output DIR/a_file/x: DIR/a_file is a file, not a directory"),
+])  # fmt: skip
+def test_an_output_file_that_cannot_be_written_is_named(tmp_path, path, expected):
+  from transformer_jax import cli
+
+  (tmp_path / "a_file").write_text("x\n")
+  (tmp_path / "a_dir").mkdir()
+  with pytest.raises(errors.UserError, match=expected.replace("DIR", str(tmp_path))):
+    cli.check_output_file(path.replace("DIR", str(tmp_path)))
+  cli.check_output_file(str(tmp_path / "a_file"))  # a file to overwrite, or a new one, is fine
+  cli.check_output_file(str(tmp_path / "a_dir" / "new.txt"))
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("DIR/a_file", r"--workdir DIR/a_file is a file, not a directory"),
+    ("DIR/a_file/run", r"--workdir DIR/a_file/run: DIR/a_file is a file, not a directory"),
+    ("DIR/a_file/run/deeper", r"--workdir DIR/a_file/run/deeper: DIR/a_file is a file"),
+])  # fmt: skip
+def test_a_directory_with_a_file_in_its_way_is_named(tmp_path, path, expected):
+  from transformer_jax import cli
+
+  (tmp_path / "a_file").write_text("x\n")
+  with pytest.raises(errors.UserError, match=expected.replace("DIR", str(tmp_path))):
+    cli.make_directory(path.replace("DIR", str(tmp_path)))
+  cli.make_directory(str(tmp_path / "new" / "run"))  # and makes one that can be made
+  assert (tmp_path / "new" / "run").is_dir()
+
+
+@pytest.mark.parametrize("mesh, expected", [
+    ({"data": 16}, r"config.mesh=.* needs 16 devices, but 8 are available"),
+    ({"data": -1, "tensor": 3}, r"config.mesh=.*: 8 devices do not divide by 3"),
+    ({"data": 2, "fsdp": 2, "tensor": 1}, r"config.mesh=.* needs 4 devices, but 8 are available"),
+])  # fmt: skip
+def test_training_on_a_mesh_larger_than_the_machine_is_refused_before_anything(
+    tmp_path, mesh, expected
+):
+  from testing import tiny_train_config
+
+  from transformer_jax import train
+
+  config = tiny_train_config()
+  config.mesh.update(mesh)
+  with pytest.raises(errors.UserError, match=expected):
+    train.run(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_token_budget_too_small_for_the_devices_is_refused_before_any_data(tmp_path):
+  from testing import tiny_train_config
+
+  from transformer_jax import train
+
+  config = tiny_train_config()  # 512 tokens, rows of 24: 21 rows, not one per device of 32
+  config.data.row_multiple = 32
+  with pytest.raises(errors.UserError, match=r"data.row_multiple=32 rows of data.max_len=24"):
+    train.run(config, str(tmp_path / "run"))
+  config.data.row_multiple = 1
+  config.data.tokens_per_batch = 100  # 4 rows of 24; 8 devices need 8
+  with pytest.raises(errors.UserError, match=r"tokens_per_batch=100: .* need at least 192 tokens"):
+    train.run(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------ the programs, as a user runs them
 
 TRAIN = [sys.executable, "train.py"]
 SWEEP = [sys.executable, "-m", "transformer_jax.sweep"]
 PLOT = [sys.executable, "-m", "transformer_jax.plot"]
+PLOT_ATTENTION = [sys.executable, "-m", "transformer_jax.plot_attention"]
+TRANSLATE = [sys.executable, "-m", "transformer_jax.translate"]
+AVERAGE = [sys.executable, "-m", "transformer_jax.average"]
+TUNE = [sys.executable, "-m", "transformer_jax.tune_decoding"]
+PREPARE = [sys.executable, "-m", "transformer_jax.prepare_data"]
 THROUGHPUT = [sys.executable, "benchmarks/throughput.py"]
 QUICKSTART = ["--config", "configs/quickstart.py:smoke"]
 
@@ -152,6 +224,87 @@ CASES = {
     "train: a workdir that is a file": (
         [*TRAIN, *QUICKSTART, "--workdir", "TMP/a_file"],
         "--workdir TMP/a_file is a file, not a directory",
+    ),
+    "train: a workdir inside a file": (
+        [*TRAIN, *QUICKSTART, "--workdir", "TMP/a_file/run"],
+        "--workdir TMP/a_file/run: TMP/a_file is a file, not a directory",
+    ),
+    "train: a mesh larger than the machine": (
+        [*TRAIN, *QUICKSTART, "--config.mesh.data=1024", "--workdir", "TMP/w"],
+        "config.mesh={'data': 1024, 'fsdp': 1, 'tensor': 1} needs 1024 devices, but 8 are",
+    ),
+    "train: a mesh that does not divide the machine": (
+        [*TRAIN, *QUICKSTART, "--config.mesh.tensor=3", "--workdir", "TMP/w"],
+        "config.mesh={'data': -1, 'fsdp': 1, 'tensor': 3}: 8 devices do not divide by 3",
+    ),
+    "translate: an output in a missing directory": (
+        [*TRANSLATE, "--workdir", "TMP/not_a_run", "--output", "TMP/out/hyp.txt"],
+        "--output TMP/out/hyp.txt: the directory TMP/out does not exist",
+    ),
+    "translate: an output that is a directory": (
+        [*TRANSLATE, "--workdir", "TMP/not_a_run", "--output", "TMP/not_a_run"],
+        "--output TMP/not_a_run is a directory; give a file name",
+    ),
+    "translate: an output inside a file": (
+        [*TRANSLATE, "--workdir", "TMP/not_a_run", "--output", "TMP/a_file/hyp.txt"],
+        "--output TMP/a_file/hyp.txt: TMP/a_file is a file, not a directory",
+    ),
+    "translate: a missing input": (
+        [*TRANSLATE, "--workdir", "TMP/not_a_run", "--input", "TMP/in.txt"],
+        "--input=TMP/in.txt: no such file",
+    ),
+    "translate: a workdir that is a file": (
+        [*TRANSLATE, "--workdir", "TMP/a_file"],
+        "--workdir TMP/a_file is a file, not a directory",
+    ),
+    "translate: a missing workdir": (
+        [*TRANSLATE, "--workdir", "TMP/nothing"],
+        "--workdir TMP/nothing: no such directory",
+    ),
+    "translate: a directory that is no run": (
+        [*TRANSLATE, "--workdir", "TMP/not_a_run"],
+        "TMP/not_a_run has no config.json",
+    ),
+    "average: a workdir that is a file": (
+        [*AVERAGE, "--workdir", "TMP/a_file"],
+        "--workdir TMP/a_file is a file, not a directory",
+    ),
+    "average: a directory that is no run": (
+        [*AVERAGE, "--workdir", "TMP/not_a_run"],
+        "TMP/not_a_run has no config.json",
+    ),
+    "tune_decoding: a missing workdir": (
+        [*TUNE, "--workdir", "TMP/nothing/run"],
+        "--workdir TMP/nothing/run: no such directory",
+    ),
+    "tune_decoding: a wrong list": (
+        [*TUNE, "--workdir", "TMP/not_a_run", "--alphas", "0.6,x"],
+        "--alphas='0.6,x' is not a comma-separated list of float values",
+    ),
+    "plot_attention: an output in a missing directory": (
+        [*PLOT_ATTENTION, "--workdir", "TMP/not_a_run", "--sentence", "a", "--output",
+         "TMP/figures/a.png"],
+        "--output TMP/figures/a.png: the directory TMP/figures does not exist",
+    ),  # fmt: skip
+    "plot_attention: a workdir that is a file": (
+        [*PLOT_ATTENTION, "--workdir", "TMP/a_file", "--sentence", "a"],
+        "--workdir TMP/a_file is a file, not a directory",
+    ),
+    "prepare_data: a workdir inside a file": (
+        [*PREPARE, "--config", "configs/base.py", "--workdir", "TMP/a_file/run"],
+        "--workdir TMP/a_file/run: TMP/a_file is a file, not a directory",
+    ),
+    "prepare_data: a cache_dir inside a file": (
+        [*PREPARE, "--config", "configs/base.py", "--config.data.cache_dir=TMP/a_file/prepared"],
+        "config.data.cache_dir TMP/a_file/prepared: TMP/a_file is a file, not a directory",
+    ),
+    "prepare_data: a missing config file": (
+        [*PREPARE, "--config", "configs/bse.py"],
+        "--config=configs/bse.py: no such file",
+    ),
+    "prepare_data: the synthetic source": (
+        [*PREPARE, "--config", "configs/quickstart.py"],
+        "config.data.source='synthetic' is generated in memory",
     ),
     "sweep: a missing config file": (
         [*SWEEP, "--config", "configs/tabel3.py", "--workdir_root", "TMP/w"],

@@ -146,7 +146,9 @@ def check_output_file(path: str, flag: str = "--output") -> None:
   if os.path.isdir(path):
     raise UserError(f"{flag} {path} is a directory; give a file name")
   directory = os.path.dirname(path) or "."
-  check_directory(directory, flag)
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise UserError(f"{flag} {path}: {directory} is a file, not a directory")
+  check_directory(directory, flag)  # a file further up
   if not os.path.isdir(directory):
     raise UserError(f"{flag} {path}: the directory {directory} does not exist")
   if not os.access(directory, os.W_OK):
