@@ -9,7 +9,8 @@ the same data opens it in a second, reading only the pages its batches touch:
         vocab.model                  the joint SentencePiece model (§3.4, §5.1)
         manifest.json                what the key was made of: source fingerprint, vocab settings
         <split>-<split key>/         one split, e.g. train-3f2a..., validation-91c0...
-          manifest.json              key inputs, counts, the vocabulary's sha256
+          manifest.json              key inputs, counts, the vocabulary's sha256, and each
+                                     file's size and sampled checksum (`file_record`)
           source.npy  source_offsets.npy    [T] int32 ids (no EOS/BOS), [N + 1] int64 starts
           target.npy  target_offsets.npy
           source_text.npy  source_text_offsets.npy  [bytes] uint8 UTF-8 (stripped), [N + 1] int64
@@ -21,7 +22,10 @@ MiB), the languages and the vocabulary settings (size, model type, sample size a
 vocabulary given by a workdir, that model's own sha256. A split's key adds its own fingerprint. Each
 directory is written under a temporary name and renamed into place, so a kill at any moment leaves
 no directory or a complete one; on open, the manifest must repeat the key inputs and the vocabulary
-digest, or the cache is refused. Nothing holds the corpus as Python objects: the source is read in
+digest, or the cache is refused. Before use, each file of a split must have the size and sampled
+checksum its manifest records (`check_split`): a damaged split -- or one whose manifest records
+none -- is set aside and prepared again, with a warning naming the file; a vocabulary whose sha256
+differs is an error, since its splits were encoded with it. Nothing holds the corpus as Python objects: the source is read in
 chunks of `_CHUNK_PAIRS` pairs, encoded by SentencePiece's multi-threaded batch encode and appended
 to the arrays on disk.
 
