@@ -502,7 +502,8 @@ def run(
   """Trains (or resumes) the run in `workdir`; returns the final results (also results.json).
 
   `devices` (default: all) are laid out as `config.mesh`. With `config.distributed.enabled`,
-  this process first joins the multi-process job (see distributed.py).
+  this process first joins the multi-process job (see distributed.py). The run holds the
+  workdir's lock (workdir_lock.py): a second run on it is refused before anything is written.
   """
   config_lib.validate(config)
   cli.check_directory(workdir)  # a file at it, or at a parent: before anything is written

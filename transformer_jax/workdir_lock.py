@@ -8,6 +8,11 @@ so it dies with the process: a run killed with SIGKILL, or a lost machine, leave
 blocks nothing, and the same command resumes at once. Nothing is ever deleted: removing a lock
 file races with the next process that opens it.
 
+Who takes it: training, and `average` (it writes `averaged/`, which a run's final evaluation
+writes too, from checkpoints a training run deletes as it goes). Commands that read a run or
+write files of their own beside it (translate, tune_decoding, plot, plot_attention) take none, so
+they work while it trains.
+
 Multi-process runs take it once: process 0 locks and every process learns the answer
 (`distributed.chief_decides`), so all of them stop, or none.
 

@@ -265,7 +265,9 @@ class BatchIterator:
     batch_size: a fixed number of global rows for every bucket instead.
     shuffle: False keeps the corpus order (bucket by bucket): for debugging.
     batch_multiple: rows are a multiple of this (the number of data-parallel
-      devices, so every device gets an equal share).
+      devices, so every device gets an equal share; training also folds in
+      config.data.row_multiple, so that a later resume on more devices that
+      divide it keeps these rows: `set_state`).
     process_index, process_count: this host's slice of each global batch.
     drop_remainder: drop each bucket's last, partial batch, so that every
       step sees a full token budget; the next epoch's shuffle changes which

@@ -25,9 +25,10 @@ no directory or a complete one; on open, the manifest must repeat the key inputs
 digest, or the cache is refused. Before use, each file of a split must have the size and sampled
 checksum its manifest records (`check_split`): a damaged split -- or one whose manifest records
 none -- is set aside and prepared again, with a warning naming the file; a vocabulary whose sha256
-differs is an error, since its splits were encoded with it. Nothing holds the corpus as Python objects: the source is read in
-chunks of `_CHUNK_PAIRS` pairs, encoded by SentencePiece's multi-threaded batch encode and appended
-to the arrays on disk.
+differs is an error, since its splits were encoded with it.
+
+Nothing holds the corpus as Python objects: the source is read in chunks of `_CHUNK_PAIRS` pairs,
+encoded by SentencePiece's multi-threaded batch encode and appended to the arrays on disk.
 
 Sentences are stored whole; `max_len` truncation happens at batching (batching.py), so configs that
 differ only in max_len (or in batching) share one prepared corpus.
