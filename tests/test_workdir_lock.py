@@ -52,6 +52,19 @@ def test_a_stale_holder_in_the_lock_file_blocks_nothing(tmp_path):
     assert json.loads((tmp_path / workdir_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
 
 
+def test_the_other_processes_of_a_run_take_no_lock_and_follow_process_0(tmp_path, monkeypatch):
+  from transformer_jax import distributed
+
+  monkeypatch.setattr(distributed, "is_chief", lambda: False)
+  monkeypatch.setattr(distributed, "chief_decides", lambda flag: False)  # process 0 got it
+  with workdir_lock.hold(str(tmp_path), "train"):
+    assert not (tmp_path / workdir_lock.LOCK_FILE).exists()  # taken once per run, by process 0
+  monkeypatch.setattr(distributed, "chief_decides", lambda flag: True)  # process 0 was refused
+  with pytest.raises(workdir_lock.LockedError, match="in use by another run .process 0 names it"):
+    with workdir_lock.hold(str(tmp_path), "train"):
+      pass
+
+
 def test_a_filesystem_without_locks_warns_and_goes_on(tmp_path, monkeypatch, caplog):
   def unsupported(fd, operation):
     raise OSError(errno.ENOSYS, "Function not implemented")
