@@ -1,0 +1,87 @@
+"""§6.3 English constituency parsing on the free Penn Treebank sample: the pipeline in a CPU hour.
+
+Reproduces: no row of the paper; Table 4's WSJ-only pipeline (configs/parsing_wsj.py) scaled down
+to the 3,669 trees of NLTK's Penn Treebank sample: trees linearized top-down with real
+part-of-speech tags and labeled closing brackets (data/trees.py; Vinyals et al. 2015 with the
+tags kept, so the output trees carry predicted tags), a word-level vocabulary (tree tokens and
+the training words seen twice; ~4.4k tokens), a small Transformer (RECIPE below, chosen on the
+validation articles), and §6.3's search: beam 21, α 0.3, output length up to input + 300.
+
+Split, fixed, by article: train wsj_0001-0139 (3,068 trees, 73,842 words), validation
+wsj_0140-0159 (328 trees), test wsj_0160-0179 (273 trees). The recipe was chosen on validation
+only; test is decoded once, at the end.
+
+Expected: test EVALB F1 >= 75 (COLLINS.prm) after 60 minutes of training on 2 CPU cores; not yet
+measured in a full run (README, Results). results.json gets test_f1, precision, recall, complete
+match and the number of repaired outputs; test_trees.mrg the parses (one per line) and
+test_gold.mrg the gold trees, which EVALB itself scores the same:
+`evalb -p COLLINS.prm -e 100000 test_gold.mrg test_trees.mrg`.
+
+Data: ../shared/data/ptb-sample (wsj_0001-0179.mrg) or --config.data.path=DIR. The sample is
+(C) LDC 1995, distributed with NLTK for non-commercial use: tests and demonstrations only.
+
+  python train.py --config configs/parsing_sample.py --workdir /tmp/parsing_sample
+  python -m transformer_jax.parse --workdir /tmp/parsing_sample < sentences.txt > trees.mrg
+"""
+
+import os
+
+from transformer_jax.config import default_config
+
+# <repo>/../shared/data/ptb-sample, wherever the command is run from.
+DATA_DIR = os.path.normpath(
+    os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "ptb-sample"
+    )
+)
+
+
+def get_config(arg: str | None = None):
+  if arg:
+    from transformer_jax.config import ConfigError
+
+    raise ConfigError(
+        f"configs/parsing_sample.py:{arg}: parsing_sample.py takes no variant; use "
+        "configs/parsing_sample.py"
+    )
+  config = default_config()
+  # RECIPE (model size, dropout, learning rate, batch): chosen on validation F1.
+  config.model.d_model = 256
+  config.model.num_heads = 4
+  config.model.num_layers = 3
+  config.model.d_ff = 1024
+  config.model.dropout_rate = 0.2
+  config.model.attention_dropout_rate = 0.1
+  # Room for §6.3's output limit: the longest input bucket (data.max_len) + 300.
+  config.model.max_len = 560
+
+  config.data.source = "ptb"
+  config.data.path = DATA_DIR
+  config.data.train_split = "0001-0139"
+  config.data.eval_split = "0140-0159"
+  config.data.test_split = "0160-0179"
+  config.data.tree_closing = "labeled"
+  config.data.vocab_size = 16_000  # a cap: the sample's vocabulary has ~4.4k tokens
+  # Tokens per side: a linearized tree is ~2.6 times as long as its sentence; 256 leaves whole
+  # all but one training tree (573 tokens, truncated).
+  config.data.max_len = 256
+  config.data.tokens_per_batch = 4096
+  config.data.num_buckets = 16
+
+  config.train.max_train_minutes = 60.0
+  config.train.num_steps = 20_000  # an upper bound; the time budget ends the run first
+  config.train.warmup_steps = 400
+  config.train.lr_multiplier = 1.0
+  config.train.log_every = 50
+  config.train.checkpoint_every = 200
+  config.train.keep_checkpoints = 5
+  config.train.average_last = 5  # §6.1's average of the last checkpoints
+  config.train.eval_every = 1000  # validation F1 on eval.num_sentences, for the learning curve
+
+  # §6.3: beam 21, α 0.3, maximum output length = input length + 300.
+  config.eval.beam_size = 21
+  config.eval.alpha = 0.3
+  config.eval.max_decode_extra = 300
+  config.eval.batch_size = 32
+  config.eval.num_sentences = 100
+  return config
