@@ -148,6 +148,16 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
     assert report == expected
     assert f"Bracketing FMeasure       = {results['test_f1']:6.2f}" in report
 
+  # tune_decoding chooses beam and α on validation F1 for a parsing run.
+  from transformer_jax import tune_decoding
+
+  tuned = tune_decoding.tune(str(workdir), [0.3, 1.0], beam_sizes=[1, 2])
+  assert len(tuned["sweep"]) == 4 and all("valid_f1" in r for r in tuned["sweep"])
+  chosen = (tuned["best_beam_size"], tuned["best_alpha"])
+  scores = {(r["beam_size"], r["alpha"]): r["valid_f1"] for r in tuned["sweep"]}
+  assert scores[chosen] == max(scores.values())
+  assert "test_f1" in tuned and (workdir / "test_trees.tuned.mrg").is_file()
+
   sentences = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
   proc = subprocess.run(
       [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)],

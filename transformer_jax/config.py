@@ -196,9 +196,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if d.source == "text":
     check(bool(d.path), "data.path", "the text source needs a directory of parallel files")
     check(os.path.isdir(d.path), "data.path", "is not a directory")
-  if d.source == "ptb":
+  if d.source == "ptb":  # whether it exists is checked when it is read: parsing needs no trees
     check(bool(d.path), "data.path", "the ptb source needs a directory of .mrg tree files")
-    check(os.path.isdir(d.path), "data.path", "is not a directory")
   check(d.tree_closing in ("labeled", "bare"), "data.tree_closing", "expected 'labeled' or 'bare'")
   check(d.max_len >= 2, "data.max_len", "must be >= 2 (a token plus EOS)")
   check(
