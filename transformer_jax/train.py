@@ -725,7 +725,8 @@ def final_evaluation(
     step: int = 0,
 ) -> dict:
   """Loss/perplexity on the eval split and on as many training pairs (dropout off); test's
-  translations, sacreBLEU and tokenized BLEU. `log` gets sample translations at `step`."""
+  translations, sacreBLEU and tokenized BLEU, or for parsing (data.source=ptb, §6.3) test's
+  trees and EVALB's F1 (parsing.py). `log` gets sample outputs at `step`."""
   eval_split, test_split = dataset.splits["eval"], dataset.splits["test"]
   eval_metrics = trainer.evaluate_loss(params, eval_split.examples, buckets)
   train_subset = dataset.splits["train"].examples[: len(eval_split.examples)]
