@@ -15,7 +15,7 @@ import ml_collections
 from transformer_jax import cli, errors, sharding, xla_flags
 from transformer_jax.model_config import TransformerConfig
 
-SOURCES = ("synthetic", "text", "tfds")
+SOURCES = ("synthetic", "text", "tfds", "ptb")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -46,8 +46,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.scan_layers = False  # nn.scan over layers: compile time independent of depth
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "synthetic"  # synthetic | text | tfds
-  c.data.path = ""  # text: directory with {split}.{lang} files
+  c.data.source = "synthetic"  # synthetic | text | tfds | ptb
+  c.data.path = ""  # text: directory with {split}.{lang} files; ptb: a tree directory
   # Prepared (tokenized, memory-mapped) corpora, data/prepared.py. "": `prepared/` beside the
   # workdir (shared storage on a cluster; sibling runs share it), or ~/.cache/transformer_jax/
   # prepared without a workdir.
@@ -72,6 +72,9 @@ def default_config() -> ml_collections.ConfigDict:
   # needs nothing). E.g. 8 on a CPU or one GPU, to move to a host of 8; 1 = no constraint.
   c.data.row_multiple = 1
   c.data.spm_max_sentences = 1_000_000  # SentencePiece trains on a random sample this big
+  # ptb (§6.3 parsing, data/trees.py): closing brackets of the linearized trees carry their
+  # label, ")NP", as in Vinyals et al. (2015) ("labeled"), or are a bare ")" ("bare").
+  c.data.tree_closing = "labeled"
   c.data.synthetic_seed = 0
   c.data.synthetic_train_size = 50_000
   c.data.synthetic_eval_size = 500
@@ -197,6 +200,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if d.source == "text":
     check(bool(d.path), "data.path", "the text source needs a directory of parallel files")
     check(os.path.isdir(d.path), "data.path", "is not a directory")
+  if d.source == "ptb":  # whether it exists is checked when it is read: parsing needs no trees
+    check(bool(d.path), "data.path", "the ptb source needs a directory of .mrg tree files")
+  check(d.tree_closing in ("labeled", "bare"), "data.tree_closing", "expected 'labeled' or 'bare'")
   check(d.max_len >= 2, "data.max_len", "must be >= 2 (a token plus EOS)")
   check(
       d.max_len <= config.model.max_len,

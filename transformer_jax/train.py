@@ -35,6 +35,7 @@ from transformer_jax import (
     errors,
     losses,
     optim,
+    parsing,
     preemption,
     sharding,
     workdir_lock,
@@ -727,7 +728,12 @@ def _periodic_eval(trainer, dataset, num_sentences, buckets, log, params, step, 
   values = trainer.evaluate_loss(params, examples, buckets)
   values.update(_train_subset_loss(trainer, params, train_examples, buckets))
   hypotheses = trainer.translate(params, examples, buckets, dataset.tokenizer)
-  values["bleu"] = evaluate_lib.corpus_bleu(hypotheses, references).score
+  if trainer.config.data.source == "ptb":  # §6.3: parses are scored by EVALB's F1
+    pairs = dataset.splits["eval"].pairs[:num_sentences]
+    parse_scores, _, _ = parsing.scores(hypotheses, pairs, trainer.config.data.tree_closing)
+    values.update({k: parse_scores[k] for k in ("f1", "precision", "recall", "repaired")})
+  else:
+    values["bleu"] = evaluate_lib.corpus_bleu(hypotheses, references).score
   values["elapsed_s"] = elapsed_s
   log.write(step, "eval", values)
   _log_samples(log, step, "eval/translations", hypotheses, references)
@@ -763,20 +769,23 @@ def final_evaluation(
     step: int = 0,
 ) -> dict:
   """Loss/perplexity on the eval split and on as many training pairs (dropout off); test's
-  translations, sacreBLEU and tokenized BLEU. `log` gets sample translations at `step`."""
+  translations, sacreBLEU and tokenized BLEU, or for parsing (data.source=ptb, §6.3) test's
+  trees and EVALB's F1 (parsing.py). `log` gets sample outputs at `step`."""
   eval_split, test_split = dataset.splits["eval"], dataset.splits["test"]
   eval_metrics = trainer.evaluate_loss(params, eval_split.examples, buckets)
   train_subset = dataset.splits["train"].examples[: len(eval_split.examples)]
   train_metrics = _train_subset_loss(trainer, params, train_subset, buckets)
   hypotheses = trainer.translate(params, test_split.examples, buckets, dataset.tokenizer)
   references = [t for _, t in test_split.pairs]
-  bleu = evaluate_lib.corpus_bleu(hypotheses, references)
-  lang = trainer.config.data.target_lang
-  tok_bleu = evaluate_lib.tokenized_bleu(hypotheses, references, lang)
-  tok_bleu_lc = evaluate_lib.tokenized_bleu(hypotheses, references, lang, lowercase=True)
-  if distributed.is_chief():
-    with open(os.path.join(workdir, "test_translations.txt"), "w") as f:
-      f.writelines(h + "\n" for h in hypotheses)
+  if trainer.config.data.source == "ptb":  # §6.3: EVALB's F1; test_trees.mrg, test_gold.mrg
+    test_metrics = parsing.test_results(
+        hypotheses,
+        test_split.pairs,
+        trainer.config.data.tree_closing,
+        workdir if distributed.is_chief() else None,
+    )
+  else:
+    test_metrics = _test_bleu(trainer.config, hypotheses, references, workdir)
   if log is not None:
     _log_samples(log, step, "test/translations", hypotheses, references)
   return {
@@ -786,14 +795,28 @@ def final_evaluation(
       "eval_accuracy": eval_metrics["accuracy"],
       **train_metrics,
       "train_subset_sentences": len(train_subset),
-      "test_bleu": float(bleu.score),
-      "test_bleu_signature": str(bleu),
-      "test_tokenized_bleu": float(tok_bleu.score),
-      "test_tokenized_bleu_lowercase": float(tok_bleu_lc.score),
+      **test_metrics,
       "test_sentences": len(references),
       "decoding": (
           "greedy"
           if trainer.config.eval.beam_size == 1
           else f"beam {trainer.config.eval.beam_size}, alpha {trainer.config.eval.alpha}"
       ),
+  }
+
+
+def _test_bleu(config, hypotheses, references, workdir) -> dict:
+  """Test sacreBLEU and tokenized BLEU; the translations go to test_translations.txt."""
+  bleu = evaluate_lib.corpus_bleu(hypotheses, references)
+  lang = config.data.target_lang
+  tok_bleu = evaluate_lib.tokenized_bleu(hypotheses, references, lang)
+  tok_bleu_lc = evaluate_lib.tokenized_bleu(hypotheses, references, lang, lowercase=True)
+  if distributed.is_chief():
+    with open(os.path.join(workdir, "test_translations.txt"), "w") as f:
+      f.writelines(h + "\n" for h in hypotheses)
+  return {
+      "test_bleu": float(bleu.score),
+      "test_bleu_signature": str(bleu),
+      "test_tokenized_bleu": float(tok_bleu.score),
+      "test_tokenized_bleu_lowercase": float(tok_bleu_lc.score),
   }

@@ -7,7 +7,9 @@
 (beam size, α) pair the run's whole validation split (`config.data.eval_split`) is decoded and
 scored with sacreBLEU; the pair with the best validation BLEU (on ties the smaller beam, then the
 smaller α) then decodes the test split once. Prints one JSON line and writes it to
-`DIR/decoding_sweep.json`, with the test translations in `DIR/test_translations.tuned.txt`. Put
+`DIR/decoding_sweep.json`, with the test translations in `DIR/test_translations.tuned.txt`. A
+parsing run (§6.3, data.source=ptb) is scored by EVALB's F1 instead (parsing.py), and its test
+parses go to `DIR/test_trees.tuned.mrg` (§6.3 chose the beam size on section 22). Put
 the chosen values in the config (`eval.beam_size`, `eval.alpha`) so the run's own final
 evaluation uses them.
 """
@@ -65,6 +67,9 @@ def tune(
   def decode(beam, alpha, split):
     return run.translate_ids([s for s, _ in split.examples], beam_size=beam, alpha=alpha)
 
+  if run.config.data.source == "ptb":  # §6.3: beam and α chosen on validation F1 (EVALB)
+    return _tune_parsing(workdir, run, decode, valid, test, alphas, beams)
+
   sweep = []
   for beam in beams:
     for alpha in alphas:
@@ -106,6 +111,37 @@ def tune(
   }
   with open(os.path.join(workdir, "test_translations.tuned.txt"), "w", encoding="utf-8") as f:
     f.writelines(h + "\n" for h in hypotheses)
+  with open(os.path.join(workdir, "decoding_sweep.json"), "w") as f:
+    json.dump(result, f, indent=2)
+  return result
+
+
+def _tune_parsing(workdir, run, decode, valid, test, alphas, beams) -> dict:
+  """`tune` for a parsing run: validation F1 per (beam, α); test_trees.tuned.mrg."""
+  from transformer_jax import parsing
+
+  closing = run.config.data.tree_closing
+  sweep = []
+  for beam in beams:
+    for alpha in alphas:
+      scores = parsing.scores(decode(beam, alpha, valid), valid.pairs, closing)[0]
+      sweep.append({"beam_size": beam, "alpha": alpha, "valid_f1": scores["f1"]})
+      logging.info("beam %d, α=%g: validation F1 %.2f", beam, alpha, scores["f1"])
+  best = max(sweep, key=lambda r: (r["valid_f1"], -r["beam_size"], -r["alpha"]))
+  hypotheses = decode(best["beam_size"], best["alpha"], test)
+  test_scores = parsing.test_results(
+      hypotheses, test.pairs, closing, workdir, trees_file="test_trees.tuned.mrg"
+  )
+  result = {
+      "workdir": workdir,
+      "parameters": run.checkpoint,
+      "sweep": sweep,
+      "best_beam_size": best["beam_size"],
+      "best_alpha": best["alpha"],
+      **test_scores,
+      "test_sentences": len(test.pairs),
+      "search_compilations": run.predictor.traces,
+  }
   with open(os.path.join(workdir, "decoding_sweep.json"), "w") as f:
     json.dump(result, f, indent=2)
   return result

@@ -8,6 +8,7 @@ Sources (`config.data.source`):
   synthetic  the generated task of data/synthetic.py, with its fixed word vocabulary, in memory
   text       a directory of line-aligned `{split}.{lang}` files (data/text.py)
   tfds       a TFDS translation dataset such as 'wmt14_translate/de-en' (data/tfds_source.py)
+  ptb        Penn Treebank trees as (words, linearized tree) pairs, §6.3 parsing (data/ptb.py)
 
 Real corpora (text, tfds) are prepared once into `config.data.cache_dir` (data/prepared.py): one
 joint SentencePiece model (§3.4, §5.1: source and target share one vocabulary) trained on a random
@@ -132,9 +133,13 @@ def load_dataset(
     else:
       with tempfile.TemporaryDirectory() as tmp:  # memory maps outlive the unlinked files
         dataset = _load_prepared(config, None, tmp, splits)
+  elif d.source == "ptb":
+    from transformer_jax.data import ptb  # noqa: PLC0415  it imports this module
+
+    dataset = ptb.load_dataset(config, workdir, splits)
   else:
     raise errors.UserError(
-        f"config.data.source={d.source!r}: expected 'synthetic', 'text' or 'tfds'"
+        f"config.data.source={d.source!r}: expected 'synthetic', 'text', 'tfds' or 'ptb'"
     )
   if "train" in dataset.splits and not len(dataset.splits["train"].examples):
     raise errors.UserError(f"config.data: the {d.source} source gave no training pairs")

@@ -1,0 +1,98 @@
+"""§6.3 English constituency parsing on the free Penn Treebank sample: the pipeline in a CPU hour.
+
+Reproduces: no row of the paper; Table 4's WSJ-only pipeline (configs/parsing_wsj.py) scaled down
+to the 3,669 trees of NLTK's Penn Treebank sample: trees linearized top-down with real
+part-of-speech tags and labeled closing brackets (data/trees.py; Vinyals et al. 2015 with the
+tags kept, so the output trees carry predicted tags), a word-level vocabulary (tree tokens and
+the training words seen twice, and classes of unknown words by shape and suffix; 5,416 tokens),
+a small Transformer (3 layers, d_model 256, d_ff 1024, dropout 0.2; see get_config), packed
+batches of 2k tokens, §6.1's average of the last 5 checkpoints, and §6.3's search: beam 21,
+α 0.3, output length up to input + 300.
+
+Split, fixed, by article: train wsj_0001-0139 (3,068 trees, 73,842 words), validation
+wsj_0140-0159 (328 trees), test wsj_0160-0179 (273 trees). Settings are compared on validation
+only; test is decoded once, at the end. Hardware and time: 2 CPU cores, 60 minutes of training
+(`train.max_train_minutes`) plus the final evaluation (beam 21 over validation loss and 273 test
+sentences).
+
+Expected: test EVALB F1 >= 75 (COLLINS.prm) after 60 minutes of training on 2 CPU cores; not yet
+measured in a full run (README, Results). results.json gets test_f1, precision, recall, complete
+match and the number of repaired outputs; test_trees.mrg the parses (one per line) and
+test_gold.mrg the gold trees, which EVALB itself scores the same:
+`evalb -p COLLINS.prm -e 100000 test_gold.mrg test_trees.mrg`.
+
+Data: ../shared/data/ptb-sample (wsj_0001-0179.mrg) or --config.data.path=DIR. The sample is
+(C) LDC 1995, distributed with NLTK for non-commercial use: tests and demonstrations only.
+
+  python train.py --config configs/parsing_sample.py --workdir /tmp/parsing_sample
+  python -m transformer_jax.parse --workdir /tmp/parsing_sample < sentences.txt > trees.mrg
+"""
+
+import os
+
+from transformer_jax.config import default_config
+
+# <repo>/../shared/data/ptb-sample, wherever the command is run from.
+DATA_DIR = os.path.normpath(
+    os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "ptb-sample"
+    )
+)
+
+
+def get_config(arg: str | None = None):
+  if arg:
+    from transformer_jax.config import ConfigError
+
+    raise ConfigError(
+        f"configs/parsing_sample.py:{arg}: parsing_sample.py takes no variant; use "
+        "configs/parsing_sample.py"
+    )
+  config = default_config()
+  # The recipe: the Multi30k config's hour-long CPU recipe (configs/multi30k.py) resized for
+  # ~3k trees of ~90 target tokens; short trials on validation (docs/experiments.md) checked that
+  # it learns, a full hour on a quiet machine is still to choose between variants.
+  config.model.d_model = 256
+  config.model.num_heads = 4
+  config.model.num_layers = 3
+  config.model.d_ff = 1024
+  # 3k training trees seen ~20 times in the hour: more dropout than Multi30k's 0.1 (§5.4;
+  # tensor2tensor's WSJ parsing setting uses 0.2 on both).
+  config.model.dropout_rate = 0.2
+  config.model.attention_dropout_rate = 0.1
+  # Room for §6.3's output limit: the longest input bucket (data.max_len) + 300.
+  config.model.max_len = 560
+
+  config.data.source = "ptb"
+  config.data.path = DATA_DIR
+  config.data.train_split = "0001-0139"
+  config.data.eval_split = "0140-0159"
+  config.data.test_split = "0160-0179"
+  config.data.tree_closing = "labeled"
+  config.data.vocab_size = 16_000  # a cap: the sample's vocabulary has ~4.4k tokens
+  # Tokens per side: a linearized tree is ~2.6 times as long as its sentence; 256 leaves whole
+  # all but one training tree (573 tokens, truncated).
+  config.data.max_len = 256
+  # Packed rows of 256 (8 a batch): one compiled train step, and no padding on the target side;
+  # small batches give more updates in the hour.
+  config.data.packing = True
+  config.data.tokens_per_batch = 2048
+  config.data.num_buckets = 8  # evaluation's padded lengths: 32, 64, ..., 256
+
+  config.train.max_train_minutes = 60.0
+  config.train.num_steps = 20_000  # an upper bound; the time budget ends the run first
+  config.train.warmup_steps = 400
+  config.train.lr_multiplier = 0.7  # peak 2.2e-3 at step 400 for d_model 256 (Eq. 3 x 0.7)
+  config.train.log_every = 50
+  config.train.checkpoint_every = 200
+  config.train.keep_checkpoints = 5
+  config.train.average_last = 5  # §6.1's average of the last checkpoints
+  config.train.eval_every = 500  # validation F1 on eval.num_sentences: the learning curve
+
+  # §6.3: beam 21, α 0.3, maximum output length = input length + 300.
+  config.eval.beam_size = 21
+  config.eval.alpha = 0.3
+  config.eval.max_decode_extra = 300
+  config.eval.batch_size = 32
+  config.eval.num_sentences = 50  # beam 21 is costly on a CPU; test is decoded whole
+  return config

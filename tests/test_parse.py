@@ -1,0 +1,174 @@
+"""The parse command (§6.3): bad input is one `error:` line; a trained run parses end to end."""
+
+import io
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from configs import parsing_sample
+from transformer_jax import errors, evalb, parse, parsing
+from transformer_jax.data import trees
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EVALB_C = REPO.parent / "shared" / "tools" / "evalb" / "evalb.c"
+
+
+def _read(data: bytes, max_words: int = 5):
+  return parse.read_sentences(io.BytesIO(data), "standard input", max_words)
+
+
+def test_reads_tokenized_sentences_and_escapes_brackets():
+  assert _read(b"The dog barks .\r\n( a ) {b}\n") == [
+      ["The", "dog", "barks", "."],
+      ["-LRB-", "a", "-RRB-", "{b}"],
+  ]
+  assert parsing.sentence_words("f(x) }") == ["f-LRB-x-RRB-", "-RCB-"]
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"The dog barks .\n\nIt runs .\n", r"^standard input line 2 is empty"),
+        (b"ok .\n   \t\n", r"^standard input line 2 is empty"),
+        (b"a b c d e f\n", r"^standard input line 1 has 6 words; this model reads at most 5"),
+        (b"fine .\ncaf\xe9 .\n", r"^standard input line 2 is not valid UTF-8"),
+    ],
+)
+def test_bad_input_names_the_line(data, message):
+  with pytest.raises(errors.UserError, match=message):
+    _read(data)
+
+
+def _config_only_workdir(tmp_path, source="ptb") -> pathlib.Path:
+  """A workdir holding only config.json: input is checked before anything else is loaded."""
+  config = parsing_sample.get_config()
+  config.data.source = source
+  config.data.path = str(tmp_path)
+  config.data.max_len = 8
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(config.to_json_best_effort())
+  return workdir
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"The dog barks .\n\n", "error: standard input line 2 is empty"),
+        (b"one two three four five six seven eight\n", "error: standard input line 1 has 8 words"),
+        (b"\xff\xfe\n", "error: standard input line 1 is not valid UTF-8"),
+    ],
+)
+def test_parse_cli_bad_input_is_one_error_line(tmp_path, data, message):
+  workdir = _config_only_workdir(tmp_path)
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)],
+      input=data,
+      capture_output=True,
+      cwd=REPO,
+      timeout=300,
+  )
+  stderr = proc.stderr.decode()
+  assert proc.returncode == 1 and proc.stdout == b""
+  assert stderr.startswith(message) and stderr.count("\n") == 1, stderr
+
+
+@pytest.mark.subprocess
+def test_parse_cli_refuses_a_translation_run(tmp_path):
+  workdir = _config_only_workdir(tmp_path, source="text")
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)],
+      input=b"a b\n",
+      capture_output=True,
+      cwd=REPO,
+      timeout=300,
+  )
+  assert proc.returncode == 1
+  assert (
+      proc.stderr.decode().startswith("error: --workdir=") and b"not a parsing run" in proc.stderr
+  )
+
+
+@pytest.mark.slow
+def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
+  """A tiny model trained for a minute on a few articles: results.json has EVALB's figures, the
+  compiled EVALB agrees on test_trees.mrg / test_gold.mrg, and the parse command writes one tree
+  per input line over exactly the input's words."""
+  import jax
+
+  from transformer_jax import train
+
+  config = parsing_sample.get_config()
+  config.data.path = str(shared_data / "ptb-sample")
+  config.data.train_split, config.data.eval_split, config.data.test_split = (
+      "0001-0030",
+      "0031-0033",
+      "0034-0036",
+  )
+  config.model.d_model, config.model.num_heads, config.model.d_ff = 32, 4, 64
+  config.model.num_layers = 1
+  config.data.packing = True
+  config.data.num_buckets = 2
+  config.data.max_len = 128
+  config.data.tokens_per_batch = 2048
+  config.train.num_steps, config.train.warmup_steps = 60, 20
+  config.train.lr_multiplier = 4.0
+  config.train.checkpoint_every, config.train.eval_every = 30, 30
+  config.train.average_last = 2
+  config.train.max_train_minutes = 0.0
+  config.eval.beam_size, config.eval.max_decode_extra = 2, 40
+  config.eval.num_sentences = 8
+  workdir = tmp_path / "run"
+  results = train.run(config, str(workdir), devices=jax.devices()[:1])
+  for key in ("test_f1", "test_precision", "test_recall", "test_complete_match", "test_repaired"):
+    assert key in results
+  assert json.loads((workdir / "results.json").read_text())["test_f1"] == results["test_f1"]
+  predicted = evalb.read_lines(str(workdir / "test_trees.mrg"))
+  gold = evalb.read_lines(str(workdir / "test_gold.mrg"))
+  assert len(predicted) == len(gold) == results["test_sentences"]
+  for p, g in zip(predicted, gold):
+    assert trees.parse_trees(p)[0].words() == trees.parse_trees(g)[0].words()
+  compiler = shutil.which("gcc") or shutil.which("cc")
+  if compiler is not None and EVALB_C.is_file():
+    binary = tmp_path / "evalb"
+    subprocess.run([compiler, "-O1", "-w", "-o", str(binary), str(EVALB_C)], check=True)
+    report = subprocess.run(
+        [binary, "-p", str(EVALB_C.parent / "COLLINS.prm"), "-e", "100000"]
+        + [str(workdir / "test_gold.mrg"), str(workdir / "test_trees.mrg")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    expected = evalb.format_report(evalb.score(gold, predicted))
+    assert report == expected
+    assert f"Bracketing FMeasure       = {results['test_f1']:6.2f}" in report
+
+  # tune_decoding chooses beam and α on validation F1 for a parsing run.
+  from transformer_jax import tune_decoding
+
+  tuned = tune_decoding.tune(str(workdir), [0.3, 1.0], beam_sizes=[1, 2])
+  assert len(tuned["sweep"]) == 4 and all("valid_f1" in r for r in tuned["sweep"])
+  chosen = (tuned["best_beam_size"], tuned["best_alpha"])
+  scores = {(r["beam_size"], r["alpha"]): r["valid_f1"] for r in tuned["sweep"]}
+  assert scores[chosen] == max(scores.values())
+  assert "test_f1" in tuned and (workdir / "test_trees.tuned.mrg").is_file()
+
+  sentences = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)],
+      input=sentences.encode(),
+      capture_output=True,
+      cwd=REPO,
+      timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+  out = proc.stdout.decode().splitlines()
+  assert len(out) == 2 and "sentences;" in proc.stderr.decode()
+  words = [parsing.sentence_words(line) for line in sentences.splitlines()]
+  assert [trees.parse_trees(line)[0].words() for line in out] == words
+  assert all(line.startswith("(TOP ") for line in out)

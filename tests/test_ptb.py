@@ -1,0 +1,118 @@
+"""The Penn Treebank source (data/ptb.py): article selection, the LDC layout, vocabulary, errors."""
+
+import shutil
+
+import pytest
+
+from configs import parsing_sample, parsing_wsj
+from transformer_jax import config as config_lib
+from transformer_jax import errors, parsing
+from transformer_jax.data import pipeline, ptb, trees
+from transformer_jax.data.tokenizer import UNK_ID, WordTokenizer
+
+
+def test_selection_specs():
+  assert ptb.parse_selection("02-21, 0005", "train_split") == [(2, 2, 21), (4, 5, 5)]
+  files = {1: "a/wsj_0001.mrg", 199: "a/wsj_0199.mrg", 2201: "b/wsj_2201.mrg", 2300: "c"}
+  assert ptb.select_files(files, "00-01", "k") == ["a/wsj_0001.mrg", "a/wsj_0199.mrg"]
+  assert ptb.select_files(files, "0199,22", "k") == ["a/wsj_0199.mrg", "b/wsj_2201.mrg"]
+  for bad in ("2-21", "02-0021", "21-02", "sec23", ""):
+    with pytest.raises(errors.UserError, match="config.data.train_split"):
+      ptb.select_files(files, bad, "train_split")
+  with pytest.raises(errors.UserError, match="selects no file.*sections 00, 01, 22, 23"):
+    ptb.select_files(files, "24", "test_split")
+
+
+def _ldc_layout(sample, root, sections):
+  """`root/NN/wsj_NNAA.mrg` copies of the sample's first articles, `count` per section."""
+  articles = iter(sorted(sample.glob("wsj_*.mrg")))
+  for section, count in sections.items():
+    (root / f"{section:02d}").mkdir(parents=True)
+    for a in range(count):
+      shutil.copy(next(articles), root / f"{section:02d}" / f"wsj_{section:02d}{a:02d}.mrg")
+
+
+def test_wsj_config_reads_an_ldc_like_directory(shared_data, tmp_path):
+  """parsing_wsj.py's split (02-21 / 22 / 23) on a directory laid out like the LDC release."""
+  wsj = tmp_path / "PTB3" / "parsed" / "mrg" / "wsj"
+  _ldc_layout(shared_data / "ptb-sample", wsj, {0: 1, 2: 3, 21: 2, 22: 1, 23: 2, 24: 1})
+  config = parsing_wsj.get_config()
+  with pytest.raises(config_lib.ConfigError, match="config.data.path"):
+    config_lib.validate(config)  # the user must name their copy of the treebank
+  config.data.path = str(wsj)
+  config_lib.validate(config)
+  workdir = tmp_path / "run"
+  dataset = pipeline.load_dataset(config, str(workdir))
+  sizes = {k: len(s.pairs) for k, s in dataset.splits.items()}
+  expected = {}
+  for key, names in {"train": ("02/*", "21/*"), "eval": ("22/*",), "test": ("23/*",)}.items():
+    paths = sorted(str(p) for n in names for p in wsj.glob(n))
+    expected[key] = len(ptb.load_trees(paths)[0])
+  assert sizes == expected and min(sizes.values()) > 0
+  assert (workdir / "vocab.txt").is_file()
+  tokenizer = WordTokenizer.load(str(workdir / "vocab.txt"))
+  assert tokenizer.vocab_size == dataset.tokenizer.vocab_size <= config.data.vocab_size
+  # Targets are whole tree tokens: no <unk> in the training targets; gold trees rebuild exactly.
+  train = dataset.splits["train"]
+  assert all(UNK_ID not in target for _, target in train.examples)
+  gold = parsing.gold_trees(train.pairs, config.data.tree_closing)
+  assert [t.words() for t in gold] == [s.split() for s, _ in train.pairs]
+  # A second load keeps the workdir's vocabulary.
+  again = pipeline.load_dataset(config, str(workdir), splits=("test",))
+  assert again.splits["test"].examples == dataset.splits["test"].examples
+
+
+def test_sample_config_split_is_by_article(shared_data):
+  config = parsing_sample.get_config()
+  config_lib.validate(config)
+  files = ptb.treebank_files(config.data.path)
+  chosen = [
+      set(ptb.select_files(files, config.data[k], k))
+      for k in ("train_split", "eval_split", "test_split")
+  ]
+  assert sum(len(c) for c in chosen) == 179 and set.union(*chosen) == set(files.values())
+  assert [len(ptb.load_trees(sorted(c))[0]) for c in chosen] == [3068, 328, 273]
+  assert config.eval.beam_size == 21 and config.eval.alpha == 0.3
+  assert config.eval.max_decode_extra == 300
+  assert config.model.max_len >= config.data.max_len + config.eval.max_decode_extra
+  assert 0 < config.train.max_train_minutes <= 60
+
+
+def test_malformed_tree_stops_loading_naming_file_and_tree(tmp_path):
+  good = "( (S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .)) )\n"
+  (tmp_path / "wsj_0001.mrg").write_text(good * 3)
+  (tmp_path / "wsj_0002.mrg").write_text(good + "( (S (NP (DT a) (NN cat)) (VP (VBZ sits)) )\n")
+  config = parsing_sample.get_config()
+  config.data.path = str(tmp_path)
+  config.data.train_split, config.data.eval_split, config.data.test_split = "0001", "0002", "0002"
+  with pytest.raises(trees.TreebankError, match=r"wsj_0002\.mrg: tree 2 \(from line 2\)"):
+    pipeline.load_dataset(config, splits=("train", "eval"))
+  (tmp_path / "notes.txt").write_text("not a tree")
+  (tmp_path / "wsj_0002.mrg").write_text("Pierre Vinken , 61 years old .\n")
+  with pytest.raises(trees.TreebankError, match=r"wsj_0002\.mrg: before the first tree"):
+    pipeline.load_dataset(config, splits=("train", "eval"))
+  config.data.path = str(tmp_path / "missing")
+  with pytest.raises(errors.UserError, match="not a directory"):
+    pipeline.load_dataset(config)
+
+
+def test_vocabulary_and_unknown_word_classes():
+  text = (
+      "( (S (NP (NNP Smith)) (VP (VBD walked) (ADVP (RB quickly))) (. .)) )\n"
+      "( (S (NP (NNP Smith)) (VP (VBD talked) (ADVP (RB slowly))) (. .)) )\n"
+      "( (S (NP (NNP Jones)) (VP (VBD jumped) (NP (CD 42))) (. .)) )\n"
+  )
+  train = [trees.preprocess(t) for t in trees.parse_trees(text)]
+  tokenizer = ptb.build_vocabulary(train, "labeled", vocab_size=64)
+  words = tokenizer.words
+  assert "(S" in words and ")VP" in words and "(NNP)" in words  # tree tokens, whole
+  assert "Smith" in words and "." in words  # seen twice
+  assert "walked" not in words  # seen once: read as its class
+  assert "<unk:low:ed>" in words and "<unk:low:ly>" in words and "<unk:low>" in words
+  known = set(words)
+  ids = ptb.encode_words(tokenizer, known, ["Smith", "fizzled", "happily", "Zorro", "7"])
+  # Zorro and 7: classes seen once in training, so <unk> itself.
+  assert tokenizer.decode(ids) == "Smith <unk:low:ed> <unk:low:ly> <unk> <unk>"
+  assert ptb.word_class("Wall-Street") == ("<unk:cap-:et>", "<unk:cap->")
+  with pytest.raises(errors.UserError, match="vocab_size=10 is smaller"):
+    ptb.build_vocabulary(train, "labeled", vocab_size=10)

@@ -1,0 +1,222 @@
+"""The Penn Treebank source (`config.data.source = "ptb"`): §6.3's parsing task as sentence pairs.
+
+`config.data.path` is a directory searched recursively for `.mrg` files named by their Wall Street
+Journal article, `wsj_SSAA.mrg` (section SS, article AA), as in the LDC release
+(`.../parsed/mrg/wsj/23/wsj_2300.mrg`) and in NLTK's sample. Each split
+(`config.data.train_split`, `eval_split`, `test_split`) is a list of sections or articles:
+
+    "02-21"            sections 02 to 21 (two digits: sections)
+    "22"               section 22
+    "0001-0159,0170"   articles wsj_0001 to wsj_0159, and wsj_0170 (four digits: articles)
+
+Each tree is read and preprocessed by data/trees.py (empty elements, empty constituents and
+function tags removed; a malformed file stops the run before training, naming file and tree) and
+becomes a pair: the source is its words joined by spaces, the target its linearization. Trees
+with no word left are skipped and counted.
+
+Vocabulary: whole tokens, not subwords, so that brackets and tags are single tokens and the
+output is read back token by token (§6.3: "a vocabulary of 16K tokens" for WSJ only): the
+reserved ids, every tree token of the training trees, the unknown-word classes seen in training,
+then the training words seen at least twice, most frequent first (ties in code-point order), up to
+`config.data.vocab_size` ids in all. A word outside the vocabulary is read as its class
+(`word_class`: its shape -- digits, capitalized, lower case, other; a hyphen; and the last two
+letters, which tell `-ly` from `-ed`), or as the class without the letters if that one was not
+seen twice, or as `<unk>`. Words seen once in training are read as their classes too, which
+teaches the model what an unknown word of each class is: part-of-speech tagging of unknown words
+by their shape and suffix is the classic treatment of rare words in treebank parsers. Source and
+target share the one vocabulary (and the one embedding matrix, §3.4). It is stored in the workdir
+as `vocab.txt` (data.tokenizer.WordTokenizer), and a workdir that has one keeps it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import time
+from collections.abc import Sequence
+
+import ml_collections
+
+from transformer_jax import distributed, errors
+from transformer_jax.data import pipeline, trees
+from transformer_jax.data.tokenizer import RESERVED_TOKENS, WordTokenizer
+
+_ARTICLE = re.compile(r"(\d{4})\.mrg$")
+MIN_WORD_COUNT = 2  # training words seen fewer times are <unk>
+
+
+def parse_selection(spec: str, key: str) -> list[tuple[int, int, int]]:
+  """`"02-21,0005"` -> [(2, 2, 21), (4, 5, 5)]: (digits, first, last) per item."""
+  items = []
+  for item in spec.split(","):
+    item = item.strip()
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+    if (
+        not match
+        or len(match.group(1)) not in (2, 4)
+        or (match.group(2) and len(match.group(2)) != len(match.group(1)))
+    ):
+      raise errors.UserError(
+          f"config.data.{key}={spec!r}: expected comma-separated sections (two digits, e.g. "
+          "'02-21' or '23') or articles (four digits, e.g. '0001-0159'), ranges inclusive"
+      )
+    first = int(match.group(1))
+    last = int(match.group(2) or match.group(1))
+    if last < first:
+      raise errors.UserError(f"config.data.{key}={spec!r}: the range {item} is empty")
+    items.append((len(match.group(1)), first, last))
+  return items
+
+
+def treebank_files(directory: str) -> dict[int, str]:
+  """Article number -> path of every `*NNNN.mrg` file under `directory` (recursively)."""
+  if not os.path.isdir(directory):
+    raise errors.UserError(f"config.data.path={directory!r}: not a directory")
+  found: dict[int, str] = {}
+  for root, dirs, names in os.walk(directory):
+    dirs.sort()
+    for name in sorted(names):
+      match = _ARTICLE.search(name)
+      if not match:
+        continue
+      article, path = int(match.group(1)), os.path.join(root, name)
+      if article in found:
+        raise errors.UserError(
+            f"config.data.path={directory!r}: article {article:04d} is there twice, "
+            f"{found[article]} and {path}; point data.path at one copy of the treebank"
+        )
+      found[article] = path
+  if not found:
+    raise errors.UserError(
+        f"config.data.path={directory!r}: no treebank file in it (expected .mrg files named "
+        "by article, e.g. wsj_0001.mrg, as in the Penn Treebank's parsed/mrg/wsj/NN/)"
+    )
+  return found
+
+
+def select_files(files: dict[int, str], spec: str, key: str) -> list[str]:
+  """The paths of the articles `spec` names, in article order."""
+  items = parse_selection(spec, key)
+  chosen = [
+      path
+      for article, path in sorted(files.items())
+      if any(
+          first <= (article // 100 if digits == 2 else article) <= last
+          for digits, first, last in items
+      )
+  ]
+  if not chosen:
+    sections = sorted({a // 100 for a in files})
+    raise errors.UserError(
+        f"config.data.{key}={spec!r} selects no file of the {len(files)} treebank files "
+        f"(articles {min(files):04d}-{max(files):04d}, sections "
+        f"{', '.join(f'{s:02d}' for s in sections)})"
+    )
+  return chosen
+
+
+def load_trees(paths: Sequence[str]) -> tuple[list[trees.Tree], int]:
+  """The preprocessed trees of `paths`, in order, and how many had no word left."""
+  out, empty = [], 0
+  for path in paths:
+    for tree in trees.read_trees(path):
+      kept = trees.preprocess(tree)
+      if kept is None:
+        empty += 1
+      else:
+        out.append(kept)
+  return out, empty
+
+
+def word_class(word: str) -> tuple[str, str]:
+  """(fine, coarse) unknown-word tokens of `word`: `<unk:low:ed>`, `<unk:low>` for 'fizzled'."""
+  if any(c.isdigit() for c in word):
+    shape = "num"
+  elif word[:1].isupper():
+    shape = "cap"
+  elif any(c.isalpha() for c in word):
+    shape = "low"
+  else:
+    shape = "sym"
+  if "-" in word:
+    shape += "-"
+  coarse = f"<unk:{shape}>"
+  if shape.startswith(("cap", "low")) and len(word) > 3:
+    return f"<unk:{shape}:{word[-2:].lower()}>", coarse
+  return coarse, coarse
+
+
+def encode_words(tokenizer: WordTokenizer, known: set[str], words: Sequence[str]) -> list[int]:
+  """Token ids of a sentence's words: a word, else its class, else `<unk>` (module docstring).
+
+  `known` is `set(tokenizer.words)`, made once by the caller."""
+  out = []
+  for word in words:
+    if word not in known:
+      fine, coarse = word_class(word)
+      word = fine if fine in known else coarse
+    out.append(word)
+  return tokenizer.encode(" ".join(out))
+
+
+def build_vocabulary(train: Sequence[trees.Tree], closing: str, vocab_size: int) -> WordTokenizer:
+  """Reserved ids, tree tokens, unknown-word classes, then frequent words (module docstring)."""
+  tree_tokens = sorted(set(trees.iter_tree_tokens(train, closing)))
+  counts = collections.Counter(word for tree in train for word in tree.words())
+  frequent = sorted(
+      (w for w, c in counts.items() if c >= MIN_WORD_COUNT and w not in RESERVED_TOKENS),
+      key=lambda w: (-counts[w], w),
+  )
+  classes = collections.Counter()
+  for word, count in counts.items():
+    if count < MIN_WORD_COUNT:
+      for token in set(word_class(word)):
+        classes[token] += count
+  class_tokens = sorted(t for t, c in classes.items() if c >= MIN_WORD_COUNT)
+  room = vocab_size - len(RESERVED_TOKENS) - len(tree_tokens) - len(class_tokens)
+  if room < 0:
+    raise errors.UserError(
+        f"config.data.vocab_size={vocab_size} is smaller than the {len(tree_tokens)} tree "
+        f"tokens and {len(class_tokens)} unknown-word classes of the training trees plus "
+        f"{len(RESERVED_TOKENS)} reserved ids"
+    )
+  return WordTokenizer(tree_tokens + class_tokens + frequent[:room])
+
+
+def load_dataset(
+    config: ml_collections.ConfigDict,
+    workdir: str | None = None,
+    splits: Sequence[str] = pipeline.SPLIT_KEYS,
+) -> pipeline.Dataset:
+  """The pairs and token ids of `splits`; the vocabulary is the workdir's, or made from train."""
+  d = config.data
+  start = time.perf_counter()
+  files = treebank_files(d.path)
+  names = {"train": d.train_split, "eval": d.eval_split, "test": d.test_split}
+  loaded = {}
+  for key in dict.fromkeys(["train", *splits]):
+    tree_list, empty = load_trees(select_files(files, names[key], f"{key}_split"))
+    if empty:
+      logging.info("data: %s split: skipped %d trees with no word but empty elements", key, empty)
+    loaded[key] = tree_list
+  closing = d.tree_closing
+  vocab_path = os.path.join(workdir, pipeline.WORD_VOCAB) if workdir else None
+  if vocab_path and os.path.exists(vocab_path):
+    tokenizer = WordTokenizer.load(vocab_path)
+    logging.info("data: reusing the vocabulary in %s", vocab_path)
+  else:
+    tokenizer = build_vocabulary(loaded["train"], closing, d.vocab_size)
+    if vocab_path and distributed.is_chief():
+      pipeline.atomic_write(vocab_path, tokenizer.save)
+  known = set(tokenizer.words)
+  out = {}
+  for key in splits:
+    pairs = [
+        (" ".join(tree.words()), " ".join(trees.linearize(tree, closing))) for tree in loaded[key]
+    ]
+    examples = [(encode_words(tokenizer, known, s.split()), tokenizer.encode(t)) for s, t in pairs]
+    out[key] = pipeline.Split(pairs, examples)
+  seconds = time.perf_counter() - start
+  return pipeline.Dataset(tokenizer, out, {"prepare": 0.0, "open": seconds})

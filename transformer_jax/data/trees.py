@@ -1,0 +1,334 @@
+"""Constituency trees for §6.3: reading Penn Treebank brackets, preprocessing, linearization.
+
+Reading. A treebank file holds one or more bracketed trees, each usually wrapped in an unlabeled
+outer bracket and spread over several lines, as in the Penn Treebank's `combined/*.mrg`:
+
+    ( (S (NP-SBJ (NNP Mr.) (NNP Vinken) )
+        (VP (VBZ is) ...) ))
+
+`parse_trees` reads them all; a file that is not such a treebank (text outside brackets, brackets
+that do not balance, a bracket holding two words or a word beside constituents, an empty bracket)
+is a `TreebankError` naming the file, the tree's number in it and its line. The outer bracket
+(unlabeled, `TOP` or `ROOT`) becomes a node labeled `TOP`; a tree without one gets one.
+
+Preprocessing (`preprocess`), as WSJ parsing papers and EVALB's COLLINS.prm do: empty elements
+(`-NONE-` leaves: traces, null complementizers) are removed, then every constituent left without
+children; function tags and indices are stripped from phrase labels (`NP-SBJ-1` -> `NP`,
+`PP=2` -> `PP`). Nothing else is normalized: unary chains stay (`(S (VP ...))` once the subject
+trace is gone; EVALB scores them), part-of-speech tags and words are the treebank's own (brackets
+stay escaped as `-LRB-`, `-RRB-`), ADVP and PRT stay distinct (EVALB equates them when scoring).
+
+Linearization (`linearize`), after Vinyals, Kaiser et al. (2015), "Grammar as a Foreign Language":
+a depth-first, top-down walk writes an opening token for each phrase, one token per word for its
+part-of-speech tag, and a closing token; the words themselves are not written, since they are the
+input (the model copies nothing). Vinyals et al. write the tag as XX; here it is the real tag,
+spelled as a bracket with the word left out, so the model predicts tags and the output trees carry
+them (EVALB deletes punctuation by its tag in each tree, and placeholder tags would make it skip
+sentences). Closing brackets carry their label (Vinyals et al.'s form) or not (`closing="bare"`):
+
+    (S (NP (NNP Mr.) (NNP Vinken)) (VP (VBZ is) ...) (. .))
+    labeled: (S (NP (NNP) (NNP) )NP (VP (VBZ) ... )VP (.) )S
+    bare:    (S (NP (NNP) (NNP) ) (VP (VBZ) ... ) (.) )
+
+No token can be mistaken for a word: Penn Treebank words never contain brackets.
+
+`delinearize(tokens, words)` rebuilds the tree, giving the tag tokens the input's words in order;
+for every tree of a treebank it returns the preprocessed tree exactly. A model's output that is
+not a well-formed linearization is mapped to a tree by a fixed rule, and every departure counted:
+  * a token that is not a tree token (a source word, a reserved id) is dropped;
+  * a tag token after the last word is dropped;
+  * a closing token with nothing open is dropped; one whose label is not the innermost open
+    phrase's closes that phrase all the same (counted);
+  * words left over at the end (fewer tags than words) are attached, in order, to the innermost
+    phrase still open (or the root), tagged by `fallback_tag`: Penn Treebank's tag for a
+    punctuation word, NN for any other word;
+  * phrases still open at the end are closed, and phrases that got no word are removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Sequence
+
+from transformer_jax import errors
+
+ROOT = "TOP"  # the label of the outer bracket; EVALB's COLLINS.prm deletes it when scoring
+_WRAPPERS = ("", "TOP", "ROOT")  # labels an outer bracket has in treebanks and parser outputs
+EMPTY = "-NONE-"  # the tag of empty elements (traces, null complementizers)
+CLOSINGS = ("labeled", "bare")
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+# Penn Treebank's tag for each punctuation word (for words a broken output left untagged).
+_PUNCTUATION_TAGS = {
+    ",": ",",
+    ".": ".",
+    "?": ".",
+    "!": ".",
+    ":": ":",
+    ";": ":",
+    "--": ":",
+    "-": ":",
+    "...": ":",
+    "``": "``",
+    "`": "``",
+    "''": "''",
+    "'": "''",
+    "-LRB-": "-LRB-",
+    "-RRB-": "-RRB-",
+    "-LCB-": "-LRB-",
+    "-RCB-": "-RRB-",
+    "$": "$",
+    "#": "#",
+}
+
+
+class TreebankError(errors.UserError):
+  """A treebank file that cannot be read as trees; the message names the file and tree."""
+
+
+@dataclasses.dataclass
+class Tree:
+  """A constituent: a phrase (children are Trees) or a preterminal (its one child is the word)."""
+
+  label: str
+  children: list[Tree | str]
+
+  @property
+  def is_preterminal(self) -> bool:
+    return len(self.children) == 1 and isinstance(self.children[0], str)
+
+  def tagged_words(self) -> list[tuple[str, str]]:
+    """(word, tag) of every leaf, left to right."""
+    out = []
+    stack = [self]
+    while stack:
+      node = stack.pop()
+      if node.is_preterminal:
+        out.append((node.children[0], node.label))
+      else:
+        stack.extend(reversed(node.children))
+    return out
+
+  def words(self) -> list[str]:
+    return [word for word, _ in self.tagged_words()]
+
+  def __str__(self) -> str:
+    """One line, as EVALB reads trees: `(TOP (S (NP (DT The) (NN dog)) (VP (VBZ barks))))`."""
+    parts, stack = [], [self]  # iterative: a broken model output may nest thousands deep
+    while stack:
+      node = stack.pop()
+      if isinstance(node, str):  # a closing bracket
+        parts.append(node)
+      elif node.is_preterminal:
+        parts.append(f" ({node.label} {node.children[0]})")
+      else:
+        parts.append(f" ({node.label}")
+        stack.append(")")
+        stack.extend(reversed(node.children))
+    return "".join(parts)[1:]
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def parse_trees(text: str, name: str = "<string>") -> list[Tree]:
+  """Every tree of a bracketed treebank text, each under a `TOP` node (see module docstring)."""
+  trees: list[Tree] = []
+  # Open brackets: [label (None until read), children, word, line of the bracket].
+  stack: list[list] = []
+  number, line_of_tree = 0, 1
+
+  def fail(message: str, position: int):
+    line = text.count("\n", 0, position) + 1
+    tree = f"tree {number} (from line {line_of_tree})" if number else "before the first tree"
+    raise TreebankError(
+        f"{name}: {tree}, line {line}: {message}; expected Penn Treebank brackets such as "
+        "( (S (NP (DT The) (NN dog)) (VP (VBZ barks))) )"
+    )
+
+  for match in _TOKEN.finditer(text):
+    token, position = match.group(), match.start()
+    if token == "(":
+      if not stack:
+        number += 1
+        line_of_tree = text.count("\n", 0, position) + 1
+      else:
+        top = stack[-1]
+        if top[2] is not None:
+          fail(f"a bracket holds the word {top[2]!r} and a constituent", position)
+        if top[0] is None:
+          top[0] = ""  # an unlabeled bracket, like the outer one
+      stack.append([None, [], None])
+    elif token == ")":
+      if not stack:
+        fail("a closing bracket with no open bracket (the brackets do not balance)", position)
+      label, children, word = stack.pop()
+      if word is not None:
+        node = Tree(label, [word])
+      elif children:
+        node = Tree(label or "", children)
+      else:
+        fail(f"an empty bracket ({label or ''})", position)
+      if stack:
+        stack[-1][1].append(node)
+      else:
+        trees.append(_with_root(node))
+    else:
+      if not stack:
+        fail(f"text outside brackets ({token[:40]!r})", position)
+      top = stack[-1]
+      if top[0] is None:
+        top[0] = token
+      elif top[1]:
+        fail(f"the word {token!r} beside constituents in one bracket", position)
+      elif top[2] is not None:
+        fail(f"two words in one bracket ({top[2]!r}, {token!r})", position)
+      else:
+        top[2] = token
+  if stack:
+    fail(f"{len(stack)} bracket(s) still open at the end of the file", len(text))
+  if not trees:
+    raise TreebankError(
+        f"{name}: not a treebank file: it holds no bracketed tree (expected Penn Treebank "
+        "`.mrg` trees such as ( (S (NP (DT The) (NN dog)) (VP (VBZ barks))) ))"
+    )
+  return trees
+
+
+def _with_root(node: Tree) -> Tree:
+  if node.label in _WRAPPERS and not node.is_preterminal:
+    return Tree(ROOT, node.children)
+  return Tree(ROOT, [node])
+
+
+def read_trees(path: str) -> list[Tree]:
+  """The trees of one treebank file (UTF-8; the Penn Treebank is ASCII)."""
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise TreebankError(f"{path}: cannot read the file: {e.strerror or e}") from e
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise TreebankError(
+        f"{path}: line {line}: not UTF-8 text ({data[e.start:e.end]!r}): not a treebank file?"
+    ) from None
+  return parse_trees(text, path)
+
+
+# ----------------------------------------------------------------------------- preprocessing
+
+
+def strip_function_tags(label: str) -> str:
+  """`NP-SBJ-1` -> `NP`, `PP=2` -> `PP`; labels that begin with '-' (`-NONE-`) stay whole."""
+  if label.startswith("-"):
+    return label
+  return re.split(r"[-=]", label, maxsplit=1)[0]
+
+
+def preprocess(tree: Tree) -> Tree | None:
+  """Without empty elements, empty constituents and function tags (None: nothing is left)."""
+  if tree.is_preterminal:
+    return None if tree.label == EMPTY else Tree(tree.label, list(tree.children))
+  children = [c for c in (preprocess(child) for child in tree.children) if c is not None]
+  if not children:
+    return None
+  label = tree.label if tree.label == ROOT else strip_function_tags(tree.label)
+  return Tree(label, children)
+
+
+# ----------------------------------------------------------------------------- linearization
+
+
+def tag_token(tag: str) -> str:
+  return f"({tag})"
+
+
+def linearize(tree: Tree, closing: str = "labeled") -> list[str]:
+  """The target tokens of a tree (its root's children, top-down; module docstring)."""
+  _check_closing(closing)
+  out = []
+
+  def visit(node: Tree):
+    if node.is_preterminal:
+      out.append(tag_token(node.label))
+      return
+    out.append("(" + node.label)
+    for child in node.children:
+      visit(child)
+    out.append(")" + node.label if closing == "labeled" else ")")
+
+  for child in tree.children:
+    visit(child)
+  return out
+
+
+def fallback_tag(word: str) -> str:
+  """The tag of a word that a broken output left untagged (module docstring)."""
+  return _PUNCTUATION_TAGS.get(word, "NN")
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  tree: Tree  # under a TOP node, with exactly the given words in order
+  repairs: int  # departures from a well-formed linearization (0: the output was one)
+
+
+def delinearize(tokens: Sequence[str], words: Sequence[str], closing: str = "labeled") -> Restored:
+  """The tree of `tokens` over `words`, repaired by the module docstring's rule if need be."""
+  _check_closing(closing)
+  root = Tree(ROOT, [])
+  stack, used, repairs = [root], 0, 0
+  for token in tokens:
+    if len(token) > 2 and token[0] == "(" and token[-1] == ")":  # a tag
+      if used < len(words):
+        stack[-1].children.append(Tree(token[1:-1], [words[used]]))
+        used += 1
+      else:
+        repairs += 1
+    elif len(token) > 1 and token[0] == "(" and ")" not in token:  # a phrase opens
+      node = Tree(token[1:], [])
+      stack[-1].children.append(node)
+      stack.append(node)
+    elif token[:1] == ")" and (closing == "labeled" or token == ")"):
+      if len(stack) == 1:
+        repairs += 1
+        continue
+      node = stack.pop()
+      if closing == "labeled" and token[1:] != node.label:
+        repairs += 1
+    else:
+      repairs += 1
+  for word in words[used:]:
+    stack[-1].children.append(Tree(fallback_tag(word), [word]))
+    repairs += 1
+  repairs += len(stack) - 1
+  repairs += _remove_empty(root)
+  return Restored(root, repairs)
+
+
+def _remove_empty(root: Tree) -> int:
+  """Removes the phrases without words under `root`; returns how many were removed."""
+  order, stack = [], [root]
+  while stack:  # iterative, as __str__; children before parents in reversed(order)
+    node = stack.pop()
+    order.append(node)
+    stack.extend(c for c in node.children if isinstance(c, Tree) and not c.is_preterminal)
+  removed = 0
+  for node in reversed(order):
+    kept = [c for c in node.children if isinstance(c, str) or c.children]
+    removed += len(node.children) - len(kept)
+    node.children = kept
+  return removed
+
+
+def _check_closing(closing: str):
+  if closing not in CLOSINGS:
+    raise ValueError(f"closing={closing!r}: expected one of {CLOSINGS}")
+
+
+def iter_tree_tokens(trees: Sequence[Tree], closing: str) -> Iterator[str]:
+  for tree in trees:
+    yield from linearize(tree, closing)

@@ -1,0 +1,122 @@
+"""Parse sentences with a trained §6.3 parsing run: one sentence in, one bracketed tree out.
+
+  python -m transformer_jax.parse --workdir DIR [--checkpoint auto|STEP|latest|avg]
+      [--beam_size 21] [--alpha 0.3] < sentences.txt > trees.mrg
+  python -m transformer_jax.parse --workdir DIR --input sentences.txt --output trees.mrg
+
+Each input line is one sentence, tokenized as the Penn Treebank is (words separated by spaces:
+`The company 's shares rose 5 % .`); brackets are written as the treebank writes them
+(`(` -> `-LRB-`). Each output line is its tree, with the part-of-speech tags the model predicted,
+under a TOP node, as EVALB reads it:
+
+    (TOP (S (NP (DT The) (NN company) (POS 's) (NNS shares)) (VP (VBD rose) ...) (. .)))
+
+The search is the run's (§6.3: beam 21, α 0.3, output length up to input + 300) unless the flags
+say otherwise; an output that is not a well-formed tree is repaired by data/trees.py's rule, and
+how many were is printed to stderr. The whole input is checked before the model is loaded: an
+empty line, a line with more words than the model reads (config.data.max_len - 1) or a line that
+is not UTF-8 stops the program with one `error:` line naming the line.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from absl import flags
+
+from transformer_jax import cli, errors
+
+
+def _define_flags():
+  # Defined only when run as a program, so importing this module defines no flags.
+  flags.DEFINE_string("workdir", None, "The --workdir of a parsing training run.")
+  flags.DEFINE_string(
+      "checkpoint",
+      "auto",
+      "A step number, 'latest', 'avg', or 'auto' (what the run's final evaluation used).",
+  )
+  flags.DEFINE_integer("beam_size", None, "Beam size (1 = greedy); default: the run's.")
+  flags.DEFINE_float("alpha", None, "Length penalty α; default: the run's.")
+  flags.DEFINE_string("input", None, "Input file (default: standard input).")
+  flags.DEFINE_string("output", None, "Output file (default: standard output).")
+
+
+def read_sentences(stream, name: str, max_words: int) -> list[list[str]]:
+  """The words of every line of `stream` (binary); a UserError names the first bad line."""
+  from transformer_jax import parsing, translate
+
+  sentences = []
+  for number, line in enumerate(translate.read_lines(stream, name), start=1):
+    words = parsing.sentence_words(line)
+    if not words:
+      raise errors.UserError(
+          f"{name} line {number} is empty: give one sentence per line, its words separated by "
+          "spaces"
+      )
+    if len(words) > max_words:
+      raise errors.UserError(
+          f"{name} line {number} has {len(words)} words; this model reads at most {max_words} "
+          f"(its config.data.max_len minus the end-of-sentence token): split the sentence"
+      )
+    sentences.append(words)
+  return sentences
+
+
+def parse_sentences(run, sentences: list[list[str]], beam_size=None, alpha=None):
+  """`trees.Restored` of each sentence (words), in order, decoded by a loaded parsing run."""
+  from transformer_jax import parsing
+  from transformer_jax.data import ptb
+
+  known = set(run.tokenizer.words)
+  encoded = [ptb.encode_words(run.tokenizer, known, words) for words in sentences]
+  hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha)
+  return parsing.to_trees(hypotheses, sentences, run.config.data.tree_closing)
+
+
+def main(argv):
+  args = cli.workdir_args(argv)
+  from transformer_jax import inference  # heavy (JAX); keeps --help fast
+
+  config = inference.load_config(args.workdir, args.beam_size, args.alpha)
+  if config.data.source != "ptb":
+    raise errors.UserError(
+        f"--workdir={args.workdir} is a run of data.source={config.data.source!r}, not a parsing "
+        "run (data.source='ptb'); use python -m transformer_jax.translate for it"
+    )
+  if args.input:
+    try:
+      with open(args.input, "rb") as f:
+        sentences = read_sentences(f, args.input, config.data.max_len - 1)
+    except OSError as e:
+      raise errors.UserError(f"--input={args.input}: {e.strerror}") from None
+  else:
+    sentences = read_sentences(sys.stdin.buffer, "standard input", config.data.max_len - 1)
+  run = inference.load_run(args.workdir, args.checkpoint, args.beam_size, args.alpha)
+  logging.info(
+      "parsing %d sentences with %s (beam %d, α %g)",
+      len(sentences),
+      run.checkpoint,
+      run.beam_size,
+      run.alpha,
+  )
+  restored = parse_sentences(run, sentences)
+  text = "".join(f"{r.tree}\n" for r in restored)
+  if args.output:
+    with open(args.output, "w", encoding="utf-8") as f:
+      f.write(text)
+  else:
+    sys.stdout.write(text)
+  repaired = sum(r.repairs > 0 for r in restored)
+  print(
+      f"parsed {len(restored)} sentences; {repaired} outputs were not well-formed trees and "
+      "were repaired (data/trees.py)",
+      file=sys.stderr,
+  )
+  sys.stdout.flush()
+  return 0
+
+
+if __name__ == "__main__":
+  _define_flags()
+  cli.run(main)
