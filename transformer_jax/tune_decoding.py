@@ -85,7 +85,7 @@ def tune(
   test_scores = _score(hypotheses, references)
   logging.info(
       "the search compiled %d times (%d α values, beam sizes %s)",
-      run.predictor.traces,
+      run.predictor.searches(),
       len(alphas),
       beams,
   )
@@ -102,7 +102,7 @@ def tune(
           evaluate.tokenized_bleu(hypotheses, references, lang, lowercase=True).score
       ),
       "test_sentences": len(references),
-      "search_compilations": run.predictor.traces,
+      "search_compilations": run.predictor.searches(),
   }
   with open(os.path.join(workdir, "test_translations.tuned.txt"), "w", encoding="utf-8") as f:
     f.writelines(h + "\n" for h in hypotheses)
