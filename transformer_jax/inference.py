@@ -44,14 +44,13 @@ DEFAULT_BATCH_TOKENS = 2048
 
 
 def load_config(workdir: str, beam_size: int | None = None, alpha: float | None = None):
-  """The run's saved config (on top of today's defaults, so an older run still loads), set up to
-  decode on this machine's devices: batch split over all of them, parameters replicated."""
+  """The run's saved config (on top of today's defaults), set up to decode on this machine's
+  devices: batch split over all of them, parameters replicated."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise errors.UserError(f"{workdir} has no config.json: is it the --workdir of a training run?")
   with open(path) as f:
     saved = json.load(f)
-  # On top of today's defaults, older key layouts mapped, so a run saved before a change loads.
   config = config_lib.from_saved(saved)
   config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   if beam_size is not None:

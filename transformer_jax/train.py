@@ -32,6 +32,7 @@ from transformer_jax import (
     checkpoint,
     distributed,
     errors,
+    files,
     inference,
     losses,
     optim,
@@ -381,7 +382,7 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
       with open(tmp, "w") as f:
         f.write(config.to_json_best_effort(indent=2))
 
-    pipeline.atomic_write(path, write)
+    files.atomic_write(path, write)
 
 
 # ----------------------------------------------------------------------------- clocks
@@ -626,7 +627,7 @@ def run(
       with open(tmp, "w") as f:
         json.dump(results, f, indent=2)
 
-    pipeline.atomic_write(os.path.join(workdir, "results.json"), write)
+    files.atomic_write(os.path.join(workdir, "results.json"), write)
   log.write(int(state.step), "final", {k: v for k, v in results.items() if isinstance(v, float)})
   log.close()
   manager.close()

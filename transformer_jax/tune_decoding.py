@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pathlib
 
 from absl import flags
 
-from transformer_jax import cli, errors, evaluate
+from transformer_jax import cli, errors, evaluate, files
 
 
 def _define_flags():
@@ -104,10 +105,15 @@ def tune(
       "test_sentences": len(references),
       "search_compilations": run.predictor.searches(),
   }
-  with open(os.path.join(workdir, "test_translations.tuned.txt"), "w", encoding="utf-8") as f:
-    f.writelines(h + "\n" for h in hypotheses)
-  with open(os.path.join(workdir, "decoding_sweep.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  text = "".join(h + "\n" for h in hypotheses)
+  files.atomic_write(
+      os.path.join(workdir, "test_translations.tuned.txt"),
+      lambda tmp: pathlib.Path(tmp).write_text(text, encoding="utf-8"),
+  )
+  files.atomic_write(
+      os.path.join(workdir, "decoding_sweep.json"),
+      lambda tmp: pathlib.Path(tmp).write_text(json.dumps(result, indent=2)),
+  )
   return result
 
 
