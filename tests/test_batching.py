@@ -2,7 +2,6 @@
 
 import collections
 import json
-import time
 
 import numpy as np
 import pytest
@@ -231,18 +230,21 @@ def test_bad_examples_are_named():
     make_iterator([([5], [6])], batch_size=4)
 
 
-def test_an_epoch_of_30k_pairs_is_fast():
-  # numpy arrays, not lists: the other accepted input type, and quick to make.
+def test_an_epoch_of_30k_pairs_keeps_every_batch_within_its_token_budget():
+  # numpy arrays, not lists: the other accepted input type, and quick to make. (Its speed is
+  # benchmarks/pipeline.py's figure.)
   rng = np.random.default_rng(0)
   src_lens, tgt_lens = rng.integers(1, 60, size=(2, 30_000))
   sources = np.split(rng.integers(4, 100, size=src_lens.sum()), np.cumsum(src_lens)[:-1])
   targets = np.split(rng.integers(4, 100, size=tgt_lens.sum()), np.cumsum(tgt_lens)[:-1])
   ex = list(zip(sources, targets))
-  start = time.perf_counter()
   it = BatchIterator(ex, seed=0, bucket_lengths=make_bucket_lengths(64), tokens_per_batch=4096)
+  sentences = 0
   for _ in range(it.batches_per_epoch):
-    next(it)
-  assert time.perf_counter() - start < 1.0
+    batch = next(it)
+    assert batch["inputs"].size <= 4096
+    sentences += int(np.sum(batch["inputs"][:, 0] != PAD_ID))
+  assert 0.95 * len(ex) <= sentences <= len(ex)
 
 
 # ----------------------------------------------------------------------------- packing

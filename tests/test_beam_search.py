@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import decode
+from transformer_jax import compilation, decode, incremental, kv_cache, top_k
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.model import Transformer, TransformerConfig
 
@@ -313,9 +313,9 @@ def tiny_model():
   return params, inputs
 
 
-DECODER = decode.IncrementalDecoder(CONFIG)
-PREDICT_GREEDY = decode.make_predict_fn(CONFIG, EXTRA)
-PREDICT_BEAM = decode.make_predict_fn(CONFIG, EXTRA, beam_size=4, alpha=0.6)
+DECODER = incremental.IncrementalDecoder(CONFIG)
+PREDICT_GREEDY = decode.Predictor(CONFIG, EXTRA)
+PREDICT_BEAM = decode.Predictor(CONFIG, EXTRA, beam_size=4, alpha=0.6)
 
 
 @functools.partial(jax.jit, static_argnames=("n", "beam_size", "alpha"))
@@ -403,7 +403,7 @@ def test_beam_size_one_is_greedy():
   assert (greedy == EOS_ID).any(1).any() and not (greedy == EOS_ID).any(1).all()
 
 
-def test_make_predict_fn_dispatches_on_beam_size():
+def test_predictor_dispatches_on_beam_size():
   params, inputs = tiny_model()
   out = np.asarray(PREDICT_BEAM(params, inputs))
   np.testing.assert_array_equal(out, run_beam_search(params, inputs, N, 4, 0.6)[0][:, 0])
@@ -412,31 +412,53 @@ def test_make_predict_fn_dispatches_on_beam_size():
     eos = np.flatnonzero(row == EOS_ID)
     if eos.size:
       assert np.all(row[eos[0] + 1 :] == PAD_ID)
-  PREDICT_BEAM(params, inputs)
-  assert PREDICT_BEAM._cache_size() == 1  # one compilation per input shape
+  with compilation.CompileLog() as log:
+    PREDICT_BEAM(params, inputs)
+  assert log.programs == 0 and not log.traces  # one compilation per input shape, reused
   with pytest.raises(ValueError, match="beam_size"):
-    decode.make_predict_fn(CONFIG, EXTRA, beam_size=0)
+    decode.Predictor(CONFIG, EXTRA, beam_size=0)
+
+
+def blocks_by_hand(search, params, inputs, n, block, alpha):
+  """The search run as Predictor runs it, block after block with the cache grown in between
+  (no sentence dropped): the final state."""
+  ends = decode.cache_block_ends(n, block)
+  first_log_probs, beams, sentence = DECODER.start(params, inputs, ends[0])
+  state = search.init(first_log_probs, jnp.full(inputs.shape[:1], n), n, alpha)
+  beams = DECODER.add_beams(beams, search.beam_size)
+  step_fn = DECODER.step_fn(params, inputs, sentence)
+  for end in ends:
+    beams = DECODER.grow(beams, end, search.beam_size)
+    state, beams = decode.run_steps(search, step_fn, state, beams, alpha, end)
+  return state
 
 
 def test_blocks_of_cache_length_change_nothing():
   # Decoding in blocks of cache length (here 3: caches of 3, 6 then 8 positions, grown between
   # while loops) gives the same hypotheses and scores as one cache of the whole length.
   params, inputs = tiny_model()
-  whole = decode.beam_search(DECODER, params, inputs, N, 4, 0.6, block=None)
-  blocks = jax.jit(lambda p, x: decode.beam_search(DECODER, p, x, N, 4, 0.6, block=3))(
-      params, inputs
-  )
+  whole = decode.beam_search(DECODER, params, inputs, N, 4, 0.6)
+  search = decode.Beam(4)
+  blocks = jax.jit(lambda p, x: blocks_by_hand(search, p, x, N, 3, 0.6))(params, inputs)
   assert decode.cache_block_ends(N, 3) == (3, 6, 8)
-  np.testing.assert_array_equal(blocks[0], whole[0])
-  np.testing.assert_allclose(blocks[1], whole[1], atol=1e-6)
-  assert int(blocks[2]) == int(whole[2]) > 3  # the search ran into the second block
-  greedy_whole = decode.greedy_search(DECODER, params, inputs, N, block=None)
-  greedy_blocks = decode.greedy_search(DECODER, params, inputs, N, block=3)
-  np.testing.assert_array_equal(greedy_blocks[0], greedy_whole[0])
-  assert int(greedy_blocks[1]) == int(greedy_whole[1])
+  tokens, scores = search.result(blocks, 0.6)
+  np.testing.assert_array_equal(tokens, whole[0])
+  np.testing.assert_allclose(scores, whole[1], atol=1e-6)
+  assert int(blocks.step) == int(whole[2]) > 3  # the search ran into the second block
+  predictor = decode.Predictor(CONFIG, EXTRA, 4, 0.6, block=3, compact=False)
+  got, steps = predictor.search(params, inputs)
+  np.testing.assert_array_equal(got, whole[0][:, 0])
+  assert steps == int(whole[2])
+  greedy_whole = decode.greedy_search(DECODER, params, inputs, N)
+  greedy_blocks = blocks_by_hand(decode.Greedy(), params, inputs, N, 3, 0.0)
+  np.testing.assert_array_equal(greedy_blocks.out, greedy_whole[0])
+  assert int(greedy_blocks.step) == int(greedy_whole[1])
+  got, steps = decode.Predictor(CONFIG, EXTRA, block=3, compact=False).search(params, inputs)
+  np.testing.assert_array_equal(got, greedy_whole[0])
+  assert steps == int(greedy_whole[1])
 
 
-class RecordingDecoder(decode.IncrementalDecoder):
+class RecordingDecoder(incremental.IncrementalDecoder):
   """Records, for every decoding step traced, the rows decoded and the cross-attention cache."""
 
   def step(self, params, cache, encoded, inputs, tokens, position, slots=None):
@@ -453,11 +475,11 @@ def test_cross_attention_caches_are_never_tiled_or_reordered():
   decoder = RecordingDecoder(CONFIG)
   object.__setattr__(decoder, "calls", [])
   batch, k = inputs.shape[0], 4
-  tokens, _, _ = decode.beam_search(decoder, params, inputs, N, k, 0.6, block=3)
+  tokens, _, _ = decode.beam_search(decoder, params, inputs, N, k, 0.6)
   first_rows, _, filled = decoder.calls[0]  # the step that read BOS and projected the encoder
   assert first_rows == batch and len(filled) == 2 * CONFIG.decoder_layers
   later = decoder.calls[1:]
-  assert len(later) == len(decode.cache_block_ends(N, 3))  # one traced step per block
+  assert len(later) == 1  # the loop's step, traced once
   for rows, cross_in, cross_out in later:
     assert rows == batch * k  # the beams are decoded ...
     for key, value in cross_in.items():
@@ -466,22 +488,27 @@ def test_cross_attention_caches_are_never_tiled_or_reordered():
       assert value.shape[0] == batch and value is filled[key], key
       assert cross_out[key] is value
   # And the split keeps them out of the per-beam state that the search carries.
-  rows, sentence = decode.split_cache(decode.IncrementalDecoder(CONFIG).init_cache(inputs, N))
-  assert all(k[-1] in decode.SENTENCE_CACHE_KEYS for k in flax.traverse_util.flatten_dict(sentence))
-  assert not any(k[-1] in decode.SENTENCE_CACHE_KEYS for k in flax.traverse_util.flatten_dict(rows))
-  expected = decode.beam_search(DECODER, params, inputs, N, k, 0.6, block=3)
+  rows, sentence = kv_cache.split(DECODER.init_cache(inputs, N))
+  assert all(k[-1] in kv_cache.SENTENCE_KEYS for k in flax.traverse_util.flatten_dict(sentence))
+  assert not any(k[-1] in kv_cache.SENTENCE_KEYS for k in flax.traverse_util.flatten_dict(rows))
+  expected = decode.beam_search(DECODER, params, inputs, N, k, 0.6)
   np.testing.assert_array_equal(tokens, expected[0])
 
 
 def test_alpha_is_an_argument_of_the_compiled_search():
   params, inputs = tiny_model()
   predictor = decode.Predictor(CONFIG, EXTRA, beam_size=4, alpha=0.6)
-  for alpha in (0.0, 0.6, 2.0):
-    got = np.asarray(predictor(params, inputs, alpha=alpha))
-    np.testing.assert_array_equal(got, run_beam_search(params, inputs, N, 4, alpha)[0][:, 0])
-  assert predictor.traces == 1 and predictor._cache_size() == 1  # three α, one compilation
-  predictor(params, inputs, beam_size=1)  # greedy: another program, same Predictor
-  assert predictor.traces == 2
+  with compilation.CompileLog() as log:
+    for alpha in (0.0, 0.6, 2.0):
+      got = np.asarray(predictor(params, inputs, alpha=alpha))
+      np.testing.assert_array_equal(got, run_beam_search(params, inputs, N, 4, alpha)[0][:, 0])
+  assert log.traces["_start_impl"] == 1  # three α, one search traced
+  assert predictor.searches() == 1 and predictor.programs() == log.traces["_start_impl"] + (
+      log.traces["_block_impl"]
+  )
+  with compilation.CompileLog() as log:
+    predictor(params, inputs, beam_size=1)  # greedy: another program, same Predictor
+  assert log.traces["_start_impl"] == 1 and predictor.searches() == 2
   greedy = predictor(params, inputs, beam_size=1)
   np.testing.assert_array_equal(greedy, PREDICT_GREEDY(params, inputs))
 
@@ -524,7 +551,7 @@ TOP_K_SHAPES = [
 @pytest.mark.parametrize("batch,beam,vocab,count", TOP_K_SHAPES)
 def test_top_extensions_is_the_flat_top_k_ties_included(batch, beam, vocab, count):
   rng = np.random.default_rng(vocab)
-  top_extensions = jax.jit(decode._top_extensions, static_argnums=1)
+  top_extensions = jax.jit(top_k.top_extensions, static_argnums=1)
   ties = tied_candidates(rng, batch, beam, vocab)
   assert_flat_top_k(top_extensions(jnp.asarray(ties), count), ties, count)
   # Distinct realistic values: log-probabilities plus each beam's own score.
@@ -542,17 +569,17 @@ def test_top_of_chunks_is_the_flat_top_k_for_every_chunk_size():
     for chunk in {1, 3, 8, 64, 100, vocab}:
       if chunk > vocab or beam * -(-vocab // chunk) < count:
         continue
-      maxima = decode._chunk_maxima(jnp.asarray(ties), chunk)
-      got = decode._top_of_chunks(jnp.asarray(ties), maxima, count, chunk)
+      maxima = top_k.chunk_maxima(jnp.asarray(ties), chunk)
+      got = top_k.top_of_chunks(jnp.asarray(ties), maxima, count, chunk)
       assert_flat_top_k(got, ties, count)
 
 
 def test_top_extensions_takes_the_chunked_path_where_it_pays():
-  assert decode._top_k_chunk(4, 8000, 8) == 64  # beam 4, 8k vocabulary: 500 chunks, 512 kept
-  assert decode._top_k_chunk(4, 32000, 8) == 128
-  assert decode._top_k_chunk(1, 8000, 2) == 64
-  assert decode._top_k_chunk(4, 50, 8) == 0  # tiny: the flat top_k
-  assert decode._top_k_chunk(1000, 10, 8) == 0  # a chunk would be longer than a beam
+  assert top_k.chunk_size(4, 8000, 8) == 64  # beam 4, 8k vocabulary: 500 chunks, 512 kept
+  assert top_k.chunk_size(4, 32000, 8) == 128
+  assert top_k.chunk_size(1, 8000, 2) == 64
+  assert top_k.chunk_size(4, 50, 8) == 0  # tiny: the flat top_k
+  assert top_k.chunk_size(1000, 10, 8) == 0  # a chunk would be longer than a beam
 
 
 def test_top_extensions_is_exact_with_zeros_and_nans():
@@ -570,7 +597,7 @@ def test_top_extensions_is_exact_with_zeros_and_nans():
   negative_nan[4] = -np.inf
   negative_nan[4, 0, 3] = -np.float32(np.nan)  # ranks after every -inf
   for case in (zeros, positive_nan, negative_nan):
-    assert_flat_top_k(decode._top_extensions(jnp.asarray(case), 8), case, 8)
+    assert_flat_top_k(top_k.top_extensions(jnp.asarray(case), 8), case, 8)
 
 
 def test_finished_sentences_leave_the_batch_and_keep_their_translations():
@@ -585,11 +612,9 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
   n = inputs.shape[1] + extra
   for beam, alpha in ((1, 0.6), (4, 0.0), (4, 0.6)):
     if beam == 1:
-      expected, steps = decode.greedy_search(DECODER, params, jnp.asarray(inputs), n, block=2)
+      expected, steps = decode.greedy_search(DECODER, params, jnp.asarray(inputs), n)
     else:
-      tokens, _, steps = decode.beam_search(
-          DECODER, params, jnp.asarray(inputs), n, beam, alpha, block=2
-      )
+      tokens, _, steps = decode.beam_search(DECODER, params, jnp.asarray(inputs), n, beam, alpha)
       expected = tokens[:, 0]
     predictor = decode.Predictor(CONFIG, extra, beam, alpha, block=2, min_rows=1)
     stats = {}
@@ -605,6 +630,40 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
         whole.search(params, jnp.asarray(inputs), stats=stats_whole)[0], got
     )
     assert stats_whole["row_steps"] == inputs.shape[0] * got_steps
+
+
+def test_a_sentence_translates_the_same_alone_and_in_any_batch():
+  # Each sentence's output limit is its own length + extra. A random model rarely emits EOS, so
+  # most sentences here run to that limit: a short one batched with long ones must stop at its
+  # own, not at the batch's padded length + extra.
+  params, _ = tiny_model()
+  rng = np.random.default_rng(11)
+  lengths = [1, 2, 7, 3, 11, 5, 2, 9]
+  sources = [rng.integers(3, VOCAB, n).tolist() + [EOS_ID] for n in lengths]
+  extra = 2
+
+  def batch(sentences, width):
+    """[8, width]: the sentences, then copies of the first (as translation batches fill)."""
+    inputs = np.full((8, width), PAD_ID, np.int32)
+    for row, ids in enumerate(sentences + [sentences[0]] * (8 - len(sentences))):
+      inputs[row, : len(ids)] = ids
+    return inputs
+
+  short = [i for i, n in enumerate(lengths) if n < 3]
+  for beam in (1, 3):
+    predictor = decode.Predictor(CONFIG, extra, beam, 0.6, block=None, compact=False)
+    alone = [predictor(params, batch([ids], 12))[0] for ids in sources]
+    # Any batch: another order, and the short sentences alone in a batch padded to 3 tokens.
+    for order, width in ((list(range(8)), 12), (list(rng.permutation(8)), 12), (short, 3)):
+      together = predictor(params, batch([sources[i] for i in order], width))
+      for row, i in enumerate(order):
+        want = alone[i][: together.shape[1]]
+        assert np.all(alone[i][together.shape[1] :] == PAD_ID)
+        np.testing.assert_array_equal(together[row], want, err_msg=f"beam {beam}, sentence {i}")
+    limited = [i for i, out in enumerate(alone) if EOS_ID not in out]
+    assert limited, "pick sources that run to their limit"
+    for i in limited:  # exactly its own limit, shorter than the batch's
+      assert np.sum(alone[i] != PAD_ID) == len(sources[i]) + extra < 12 + extra
 
 
 def test_smaller_batches_halve_down_to_min_rows_in_device_multiples():

@@ -11,7 +11,8 @@ import pytest
 from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.decode import IncrementalDecoder, greedy_search
+from transformer_jax.decode import greedy_search
+from transformer_jax.incremental import IncrementalDecoder
 from transformer_jax.model import Transformer, TransformerConfig
 
 CONFIG = TransformerConfig(

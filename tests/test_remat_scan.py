@@ -11,7 +11,7 @@ import pytest
 
 from configs import quickstart
 from transformer_jax import config as config_lib
-from transformer_jax import decode, train
+from transformer_jax import incremental, train
 from transformer_jax.model import Transformer, stack_layer_params, unstack_layer_params
 from transformer_jax.model_config import TransformerConfig
 
@@ -128,12 +128,12 @@ def test_scanned_model_decodes_with_per_layer_caches(params):
   inputs, decoder_inputs = example()
   full = Transformer(config).apply({"params": stacked}, inputs, decoder_inputs)  # [b, t, v]
 
-  decoder = decode.IncrementalDecoder(config)
+  decoder = incremental.IncrementalDecoder(config)
   step = jax.jit(decoder.step, compiler_options=FAST_COMPILE)
   cache = decoder.init_cache(jnp.asarray(inputs), T)
   layer_caches = cache["decoder"]["layers"]
   assert sorted(layer_caches) == ["layer_0", "layer_1"]
-  assert layer_caches["layer_1"]["self_attention"]["cached_key"].shape == (B, 4, 8, T)
+  assert layer_caches["layer_1"]["self_attention"]["kv_cache"]["cached_key"].shape == (B, 4, 8, T)
   encoded = decoder.encode(stacked, jnp.asarray(inputs))
   for t in range(3):
     log_probs, cache = step(

@@ -1,6 +1,7 @@
 """Checkpoint averaging and the translate CLI, on a tiny run trained for a few steps."""
 
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -14,9 +15,9 @@ import pytest
 from transformer_jax import (
     average,
     checkpoint,
+    evaluate,
     inference,
     train,
-    translate,
     tune_decoding,
 )
 
@@ -37,7 +38,7 @@ def trained_run(tmp_path_factory):
 def test_average_of_checkpoints_is_the_mean_of_their_params(trained_run):
   workdir, results = trained_run
   assert results["parameters"] == "average of steps [3, 4]"
-  run = translate.load_run(str(workdir), "latest")
+  run = inference.load_run(str(workdir), "latest")
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), run.params
   )
@@ -65,40 +66,40 @@ def test_average_of_checkpoints_is_the_mean_of_their_params(trained_run):
 
 def test_default_checkpoint_is_what_the_final_evaluation_used(trained_run, tmp_path):
   workdir, _ = trained_run
-  run = translate.load_run(str(workdir), beam_size=1)  # "auto"; the run averages (average_last)
+  run = inference.load_run(str(workdir), beam_size=1)  # "auto"; the run averages (average_last)
   assert run.checkpoint.startswith("average of steps") and run.checkpoint.endswith("4]")
   # An average that misses the latest checkpoint is stale: "auto" falls back to the latest.
   stale = tmp_path / "stale"
   shutil.copytree(workdir, stale)
   (stale / checkpoint.AVERAGED_DIR / "steps.json").write_text('{"steps": [2, 3]}')
-  assert translate.load_run(str(stale), beam_size=1).checkpoint == "step 4"
-  assert translate.load_run(str(workdir), "3", beam_size=1).checkpoint == "step 3"
+  assert inference.load_run(str(stale), beam_size=1).checkpoint == "step 4"
+  assert inference.load_run(str(workdir), "3", beam_size=1).checkpoint == "step 3"
   with pytest.raises(ValueError, match="holds steps"):
-    translate.load_run(str(workdir), "1")  # not kept (keep_checkpoints=3)
+    inference.load_run(str(workdir), "1")  # not kept (keep_checkpoints=3)
   with pytest.raises(ValueError, match="expected a step number"):
-    translate.load_run(str(workdir), "best")
+    inference.load_run(str(workdir), "best")
 
 
 def test_translate_lines_keeps_order_empty_lines_and_truncates(trained_run, caplog):
   workdir, _ = trained_run
-  run = translate.load_run(str(workdir), "latest", beam_size=1)
+  run = inference.load_run(str(workdir), "latest", beam_size=1)
   assert run.checkpoint == "step 4"
   train_pairs = (workdir / "test_translations.txt").read_text().splitlines()
   words = run.tokenizer.decode(list(range(4, 30))).split()
   long_line = " ".join(words * 3)  # longer than data.max_len tokens
   lines = ["", " ".join(words[:5]), long_line, "", " ".join(words[5:8])]
-  out = translate.translate_lines(run, lines)
+  out = run.translate_lines(lines)
   assert len(out) == len(lines) and out[0] == "" and out[3] == ""
   assert "line 3 has" in caplog.text
   # Same sentence alone or among others: same translation (order is restored after bucketing).
-  assert translate.translate_lines(run, [lines[4]]) == [out[4]]
+  assert run.translate_lines([lines[4]]) == [out[4]]
   assert train_pairs  # the run wrote its test translations
 
 
 def test_translations_do_not_depend_on_the_references(trained_run):
   """The references' lengths choose no bucket, hence no output length limit (test-set leak)."""
   workdir, _ = trained_run
-  run = translate.load_run(str(workdir), "latest", beam_size=2)
+  run = inference.load_run(str(workdir), "latest", beam_size=2)
   sources = [list(range(4, 4 + n)) for n in (3, 9, 1, 6)]
   buckets = inference.pipeline.eval_bucket_lengths(run.config.data)
   trainer = train.Trainer(run.config, run.model_config)
@@ -111,6 +112,45 @@ def test_translations_do_not_depend_on_the_references(trained_run):
   # same length) translates them the same.
   assert run.translate_ids(sources) == out
   assert run.translate_ids(sources, batch_tokens=8) == out  # the fewest rows: 8 devices
+
+
+def test_the_final_evaluation_translates_as_translate_does(trained_run, monkeypatch):
+  """results.json's test BLEU comes from the path `translate` takes: the same function, the
+  same translations, the same score (the run averaged its checkpoints; "auto" loads that)."""
+  workdir, results = trained_run
+  calls = []
+  original = inference.translate_sources
+  monkeypatch.setattr(
+      inference, "translate_sources", lambda *a, **k: calls.append(k) or original(*a, **k)
+  )
+  run = inference.load_run(str(workdir))
+  dataset = inference.pipeline.load_dataset(run.config, str(workdir))
+  test = dataset.splits["test"]
+  hypotheses = run.translate_ids([s for s, _ in test.examples])
+  assert calls and calls[-1]["beam_size"] == 2 == run.config.eval.beam_size
+  assert hypotheses == (workdir / "test_translations.txt").read_text().splitlines()
+  bleu = evaluate.corpus_bleu(hypotheses, [t for _, t in test.pairs])
+  assert results["test_bleu"] == pytest.approx(bleu.score)
+  calls.clear()
+  trainer = train.Trainer(run.config, run.model_config)
+  buckets = inference.pipeline.eval_bucket_lengths(run.config.data)
+  assert trainer.translate(run.params, test.examples, buckets, run.tokenizer) == hypotheses
+  assert len(calls) == 1  # training's evaluation goes through the same function
+
+
+def test_a_sentence_translates_the_same_alone_as_in_a_batch(trained_run):
+  """Through the commands' path, greedy and beam (tests/test_beam_search.py shows it on a model
+  whose sentences run to their own limits)."""
+  workdir, _ = trained_run
+  run = inference.load_run(str(workdir), "latest")
+  sources = [list(range(4, 4 + n)) for n in (1, 12, 2, 7, 3)]
+  limits = [len(s) + 1 + run.config.eval.max_decode_extra for s in sources]
+  for beam in (1, 2):
+    together = run.translate_ids(sources, beam_size=beam)
+    alone = [run.translate_ids([s], beam_size=beam)[0] for s in sources]
+    assert alone == together, beam
+    lengths = [len(run.tokenizer.encode(h)) for h in together]
+    assert all(n <= limit for n, limit in zip(lengths, limits))
 
 
 @pytest.mark.subprocess
@@ -175,7 +215,7 @@ def test_tune_decoding_picks_the_beam_and_alpha_with_the_best_validation_bleu(tr
   assert len(written) == result["test_sentences"]
   # α is an argument of the compiled search: one compilation per (batch shape, beam size), not
   # per α. Shapes: those of the validation batches (both beams), then test's new ones (best beam).
-  run = translate.load_run(str(workdir))
+  run = inference.load_run(str(workdir))
   dataset = inference.pipeline.load_dataset(run.config, str(workdir))
   buckets = inference.pipeline.eval_bucket_lengths(run.config.data)
 
@@ -204,13 +244,13 @@ def test_attention_figure_of_a_translation(trained_run, tmp_path):
   from transformer_jax import plot_attention
 
   workdir, _ = trained_run
-  run = translate.load_run(str(workdir), "latest", beam_size=1)
+  run = inference.load_run(str(workdir), "latest", beam_size=1)
   sentence = run.tokenizer.decode(list(range(4, 9)))
   output = tmp_path / "attention.png"
   result = plot_attention.figure_for_sentence(
       str(workdir), sentence, layer=-1, which="latest", beam_size=1, output=str(output)
   )
-  assert result["translation"] == translate.translate_lines(run, [sentence])[0]
+  assert result["translation"] == run.translate_lines([sentence])[0]
   assert result["layer"] == 0 and output.read_bytes()[:4] == b"\x89PNG"
   with pytest.raises(ValueError, match="--layer=3: the model has 1 layers"):
     plot_attention.figure_for_sentence(str(workdir), sentence, layer=3, which="latest")
@@ -252,24 +292,15 @@ def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run
       str(workdir),
       "--beam_size",
       "2",
-      "--compilation_cache",
-      str(tmp_path / "jax_cache"),
+      "--compilation_cache=",  # off: this test is about reading and writing
   ]
-
-  def translate_file():
-    return subprocess.run(
-        common + ["--input", str(source)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-        check=False,
-    )
-
-  whole = translate_file()
+  whole = subprocess.run(
+      common + ["--input", str(source)], capture_output=True, text=True, cwd=REPO, timeout=300
+  )
   assert whole.returncode == 0, whole.stderr[-2000:]
   assert len(whole.stdout.splitlines()) == 5
   assert "sentences/s" in whole.stderr.splitlines()[-1]
+  assert "0 loaded from the compilation cache (off)" in whole.stderr
   chunked = subprocess.run(
       common + ["--chunk_lines", "2", "--output", str(tmp_path / "o.txt")],
       input=source.read_bytes(),
@@ -280,11 +311,6 @@ def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run
   )
   assert chunked.returncode == 0, chunked.stderr[-2000:]
   assert (tmp_path / "o.txt").read_text() == whole.stdout  # same lines, same order
-  # A second call loads the compiled searches the first one kept, and translates the same.
-  assert re.search(r"compiled programs: 0 loaded from .*, [1-9]\d* compiled", whole.stderr)
-  again = translate_file()
-  assert again.returncode == 0 and again.stdout == whole.stdout, again.stderr[-2000:]
-  assert re.search(r"compiled programs: [1-9]\d* loaded from .*, 0 compiled", again.stderr)
 
   bad = tmp_path / "latin1.txt"
   bad.write_bytes("a b\nNaïve café\n".encode("latin-1"))
@@ -298,6 +324,36 @@ def test_translate_reads_in_chunks_and_names_a_line_that_is_not_utf8(trained_run
     assert proc.returncode == 1
     last = proc.stderr.decode().strip().splitlines()[-1]
     assert last.startswith(f"error: {name} line 2 is not valid UTF-8"), last
+
+
+@pytest.mark.subprocess
+def test_translate_uses_the_users_jax_compilation_cache_dir(trained_run, tmp_path):
+  """JAX_COMPILATION_CACHE_DIR, set for JAX itself, is where translate keeps its programs: a
+  second call loads them all and translates the same."""
+  workdir, _ = trained_run
+  source = tmp_path / "in.txt"
+  source.write_text("a b c\n\nd e f g h\n")
+  cache = tmp_path / "jax_cache"
+  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache)}
+  command = [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(workdir)]
+  command += ["--beam_size", "2", "--input", str(source)]
+
+  def translate():
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = re.search(
+        r"programs: (\d+) loaded from the compilation cache \((.*)\), (\d+) compiled", proc.stderr
+    )
+    assert found and found.group(2) == str(cache), proc.stderr[-2000:]
+    return proc.stdout, int(found.group(1)), int(found.group(3))
+
+  first, loaded, compiled = translate()
+  assert len(first.splitlines()) == 3 and loaded == 0 and compiled > 0
+  kept = {p.name for p in cache.iterdir()}
+  assert len(kept) >= compiled
+  again, loaded, compiled_again = translate()
+  assert again == first and loaded > 0 and compiled_again == 0
+  assert {p.name for p in cache.iterdir()} == kept  # nothing new to keep
 
 
 def test_decode_benchmark_reports_speed_memory_steps_and_device(trained_run):

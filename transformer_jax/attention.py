@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import sharding
+from transformer_jax.kv_cache import CrossAttentionCache, SelfAttentionCache
 from transformer_jax.model_config import ATTENTION_IMPLS, TransformerConfig
 
 # Glorot/Xavier uniform, as in tensor2tensor's Transformer; the paper does not state an init.
@@ -248,19 +249,16 @@ def fused_dot_product_attention(
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) Wᴼ, head_i = Attention(Q W_iᵠ, K W_iᴷ, V W_iⱽ).
 
-  §3.2.2. The projections carry no bias: the paper defines them as pure matrices.
-
-  Decoding (`config.decode=True`) keeps a cache in the "cache" collection for the decoder:
-    * self-attention appends this step's key/value at `cache_index` (a KV cache, so each step
-      costs O(length) instead of re-running the prefix), one slot per beam; its `mask` argument
-      is then the beam search's slot table (`_append_to_cache`) or None;
-    * encoder-decoder attention projects the encoder output once, on the first call that passes
-      `inputs_kv`, and later calls pass `inputs_kv=None` to reuse the cached keys/values.
+  §3.2.2. The projections carry no bias: the paper defines them as pure matrices. In decode mode
+  (`config.decode`) the decoder's attention reads its keys and values from a cache
+  (kv_cache.py): self-attention appends each step's to a `SelfAttentionCache` (`cache_slots`:
+  a beam search's slot table), encoder-decoder attention projects `inputs_kv` once into a
+  `CrossAttentionCache` and later steps pass `inputs_kv=None`.
   """
 
   config: TransformerConfig
-  # "encoder" (self-attention, never cached), "causal" (decoder self-attention, KV cache when
-  # decoding), "cross" (encoder-decoder attention, projected once when decoding).
+  # "encoder" (self-attention, never cached), "causal" (decoder self-attention), "cross"
+  # (encoder-decoder attention).
   kind: str = "encoder"
 
   @nn.compact
@@ -269,47 +267,27 @@ class MultiHeadAttention(nn.Module):
       inputs_q: jax.Array,  # [b, q, e]
       inputs_kv: jax.Array | None,  # [b, k, e]; None = cached cross-attention keys/values
       mask: AttentionMask | jax.Array | None,  # or a dense [b | 1, 1, q, k] bool array
+      cache_slots: jax.Array | None = None,  # decoding, beam search: [b, beams, n] int32
   ) -> jax.Array:
     cfg = self.config
     key_dim, value_dim = cfg.head_key_dim, cfg.head_value_dim  # d_k, d_v (§3.2.2)
+    query = self._project("query", inputs_q, key_dim)  # [b, q, h, d_k]
+    key = value = None
+    if inputs_kv is not None:
+      key = self._project("key", inputs_kv, key_dim)  # [b, k, h, d_k]
+      value = self._project("value", inputs_kv, value_dim)  # [b, k, h, d_v]
+    cached = cfg.decode and self.kind != "encoder"
+    if cached and not self.is_initializing():
+      return self._output_projection(self._decode_step(query, key, value, mask, cache_slots))
+    if cached:  # the init call of decode mode: creates the cache (shapes only)
+      cache = SelfAttentionCache if self.kind == "causal" else CrossAttentionCache
+      cache(name="kv_cache")(key, value)
+      mask = None if self.kind == "causal" else mask
+    return self._output_projection(self._attend(query, key, value, mask))
 
-    qkv_axes = (sharding.EMBED, sharding.HEADS, sharding.KV)
-    # W^Q, W^K [e, h, d_k] and W^V [e, h, d_v] of all heads as one tensor each (fan-in e,
-    # fan-out h*d).
-    w_query, w_key = (
-        self._projection(name, (cfg.d_model, cfg.num_heads, key_dim), qkv_axes, 0, (1, 2))
-        for name in ("query", "key")
-    )
-    w_value = self._projection(
-        "value", (cfg.d_model, cfg.num_heads, value_dim), qkv_axes, 0, (1, 2)
-    )
-    query = jnp.einsum("bqe,ehd->bqhd", inputs_q.astype(cfg.dtype), w_query)  # [b, q, h, d_k]
-
-    def project_kv():
-      kv = inputs_kv.astype(cfg.dtype)
-      return (
-          jnp.einsum("bke,ehd->bkhd", kv, w_key),  # [b, k, h, d_k]
-          jnp.einsum("bke,ehd->bkhd", kv, w_value),  # [b, k, h, d_v]
-      )
-
-    if not cfg.decode or self.kind == "encoder":
-      key, value = project_kv()
-    elif self.is_initializing():  # decode mode's init call: creates the cache (shapes only)
-      key, value = project_kv()
-      if self.kind == "causal":
-        self._append_to_cache(key, value)
-        mask = None
-      else:
-        self._cross_attention_cache(lambda: (key, value))
-    elif self.kind == "causal":
-      return self._decode_step(query, *self._append_to_cache(*project_kv(), slots=mask))
-    else:
-      key_t, value = self._cross_attention_cache(project_kv if inputs_kv is not None else None)
-      valid = mask.key_valid if isinstance(mask, AttentionMask) else None
-      if valid is None:
-        valid = jnp.ones((key_t.shape[0], key_t.shape[-1]), bool)
-      return self._decode_step(query, key_t, value, valid[:, None, :])  # mask [b, 1, s]
-
+  def _attend(self, query, key, value, mask) -> jax.Array:
+    """Eq. 1 by the configured implementation -> [b, q, h, d_v]."""
+    cfg = self.config
     query = nn.with_logical_constraint(
         query, (sharding.BATCH, sharding.LENGTH, sharding.HEADS, sharding.KV)
     )
@@ -317,8 +295,8 @@ class MultiHeadAttention(nn.Module):
     impl = attention_implementation(
         cfg.attention_impl,
         dtype=cfg.dtype,
-        head_dim=key_dim,
-        value_dim=value_dim,
+        head_dim=cfg.head_key_dim,
+        value_dim=cfg.head_value_dim,
         decode=cfg.decode,
         dropout=dropout,
         dense_mask=mask is not None
@@ -328,51 +306,38 @@ class MultiHeadAttention(nn.Module):
     # [b, h, q, k] as "attention_weights" (for figures, transformer_jax/plot_attention.py);
     # only the einsum path has them. Otherwise sow is never reached and costs nothing.
     capture = self.is_mutable_collection("intermediates")
-    if impl == "einsum" or capture:
-      if isinstance(mask, AttentionMask):
-        mask = mask.dense(query.shape[1])
-      out, weights = dot_product_attention(
-          query,
-          key,
-          value,
-          mask,
-          dropout_rng=self.make_rng("dropout") if dropout else None,
-          dropout_rate=cfg.attention_dropout_rate,
-          deterministic=cfg.deterministic,
-          return_weights=True,
-      )  # [b, q, h, d_v], [b, h, q, k]
-      if capture:
-        self.sow("intermediates", "attention_weights", weights)
-    else:
-      out = fused_dot_product_attention(query, key, value, mask, implementation=impl)
-    return self._output_projection(out)
+    if impl != "einsum" and not capture:
+      return fused_dot_product_attention(query, key, value, mask, implementation=impl)
+    if isinstance(mask, AttentionMask):
+      mask = mask.dense(query.shape[1])
+    out, weights = dot_product_attention(
+        query,
+        key,
+        value,
+        mask,
+        dropout_rng=self.make_rng("dropout") if dropout else None,
+        dropout_rate=cfg.attention_dropout_rate,
+        deterministic=cfg.deterministic,
+        return_weights=True,
+    )  # [b, q, h, d_v], [b, h, q, k]
+    if capture:
+      self.sow("intermediates", "attention_weights", weights)
+    return out
 
-  def _projection(self, name, shape, axes, in_axis, out_axis) -> jax.Array:
-    """A projection kernel (Glorot-uniform over the given fan-in/fan-out axes), in cfg.dtype."""
-    cfg = self.config
-    init = nn.initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
-    kernel = self.param(name, nn.with_logical_partitioning(init, axes), shape, cfg.param_dtype)
-    return jnp.asarray(kernel, cfg.dtype)
+  def _decode_step(self, query, key, value, mask, slots) -> jax.Array:
+    """One decoding step against the cache -> [r, 1, h, d_v].
 
-  def _output_projection(self, out: jax.Array) -> jax.Array:
-    """Concat(head_1..head_h) Wᴼ: out [b, q, h, d_v] -> [b, q, e]."""
-    cfg = self.config
-    w_out = self._projection(
-        "out",
-        (cfg.num_heads, cfg.head_value_dim, cfg.d_model),
-        (sharding.HEADS, sharding.KV, sharding.EMBED),
-        (0, 1),
-        2,
-    )  # W^O [h, d_v, e]
-    return jnp.einsum("bqhd,hde->bqe", out, w_out)  # [b, q, e]
-
-  def _decode_step(self, query, key_t, value, mask):
-    """One decoding step's attention from the cache, then Wᴼ.
-
-    query [r, 1, h, d_k] with r = b * k rows (k beams per sentence, sentence-major; k = 1
-    outside beam search); key_t [b, h, d_k, m], value [b, h, m, d_v] and mask [b, k | 1, m]
-    hold one copy per sentence: the k rows of a sentence are k queries against it.
+    query [r, 1, h, d_k], r = b * k rows (k beams per sentence, sentence-major); the cache holds
+    one entry per sentence, so the k rows of a sentence are k queries against it.
     """
+    if self.kind == "causal":
+      key_t, value, attend = SelfAttentionCache(name="kv_cache")(key, value, slots)
+    else:
+      key_t, value = CrossAttentionCache(name="kv_cache")(key, value)
+      valid = mask.key_valid if isinstance(mask, AttentionMask) else None
+      if valid is None:
+        valid = jnp.ones((key_t.shape[0], key_t.shape[-1]), bool)
+      attend = valid[:, None, :]  # [b, 1, s]
     batch = key_t.shape[0]
     beams, rest = divmod(query.shape[0], batch)
     if rest or query.shape[1] != 1:
@@ -381,86 +346,34 @@ class MultiHeadAttention(nn.Module):
           "expected [batch * beams, 1]"
       )
     query = query.reshape((batch, beams) + query.shape[2:])  # [b, k, h, d_k]
-    out, weights = cached_attention(query, key_t, value, mask)  # [b, k, h, d_v]
+    out, weights = cached_attention(query, key_t, value, attend)  # [b, k, h, d_v]
     if self.is_mutable_collection("intermediates"):
       self.sow("intermediates", "attention_weights", weights)
-    out = out.reshape((batch * beams, 1) + out.shape[2:])  # [r, 1, h, d_v]
-    return self._output_projection(out)
+    return out.reshape((batch * beams, 1) + out.shape[2:])  # [r, 1, h, d_v]
 
-  def _append_to_cache(self, key, value, slots=None):
-    """Writes one step's keys/values [r, 1, h, d] into the cache; returns the cache and its mask.
+  def _project(self, name: str, x: jax.Array, head_dim: int) -> jax.Array:
+    """x [b, q, e] @ W [e, h, d] -> [b, q, h, d]: W^Q, W^K or W^V of all heads (fan-in e, fan-out
+    h*d), Glorot-uniform, in cfg.dtype."""
+    cfg = self.config
+    axes = (sharding.EMBED, sharding.HEADS, sharding.KV)
+    shape = (cfg.d_model, cfg.num_heads, head_dim)
+    kernel = self._kernel(name, shape, axes, 0, (1, 2))
+    return jnp.einsum("bqe,ehd->bqhd", x.astype(cfg.dtype), kernel)
 
-    The cache has one entry per sentence b and, in it, k slots, one per beam (k = 1 outside
-    beam search), position-major: keys [b, h, d_k, n*k] and values [b, h, n*k, d_v], column
-    p*k + j holding position p of slot j. So a step writes one contiguous block (the k slots of
-    position `cache_index`) in place, and its attention is two plain batched matmuls over
-    (b, h) that read the cache where it lies (other layouts made XLA:CPU transpose or copy the
-    whole cache every step and layer). Row j of sentence i (row i*k + j) writes slot j.
+  def _kernel(self, name, shape, axes, in_axis, out_axis) -> jax.Array:
+    cfg = self.config
+    init = nn.initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
+    kernel = self.param(name, nn.with_logical_partitioning(init, axes), shape, cfg.param_dtype)
+    return jnp.asarray(kernel, cfg.dtype)
 
-    `slots` [b, k, N >= n] int32 (beam search, decode.py): slots[i, j, p] is the slot that holds
-    position p of beam j's prefix, so a beam search never moves the cache: it only reorders this
-    small table. Row j attends to (position p, slot slots[i, j, p]) for p < cache_index and to
-    its own slot at cache_index. None (k = 1): every position up to cache_index.
-
-    The cache is created (zeros, k = 1) by an `init` call whose decoder input length fixes n;
-    decode.py adds the beam slots (`expand_slots`) and may grow n between steps (it decodes in
-    blocks of cache length, so attention only reads the part written so far, rounded up to the
-    block). Returns key_t [b, h, d_k, n*k], value [b, h, n*k, d_v], mask [b, k, n*k].
-    """
-    is_initialized = self.has_variable("cache", "cached_key")
-    rows, length, heads, key_dim = key.shape
-    value_dim = value.shape[-1]
-    cached_key = self.variable(
-        "cache", "cached_key", jnp.zeros, (rows, heads, key_dim, length), key.dtype
-    )
-    cached_value = self.variable(
-        "cache", "cached_value", jnp.zeros, (rows, heads, length, value_dim), value.dtype
-    )
-    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-    if not is_initialized:  # the init call: shapes only, no decoding step to take.
-      return None
-    if length != 1:
-      raise ValueError(f"cached decoding takes one token per step, got length {length}")
-    batch, _, _, columns = cached_key.value.shape
-    beams, rest = divmod(rows, batch)
-    if rest:
-      raise ValueError(f"a cache of {batch} sentences cannot take {rows} rows of keys")
-    max_len = columns // beams  # n
-    index = cache_index.value
-    new_key = key.reshape(batch, beams, heads, key_dim).transpose(0, 2, 3, 1)  # [b, h, d_k, k]
-    new_value = value.reshape(batch, beams, heads, value_dim).transpose(0, 2, 1, 3)  # [b,h,k,d_v]
-    cached_key.value = jax.lax.dynamic_update_slice(
-        cached_key.value, new_key, (0, 0, 0, index * beams)
-    )
-    cached_value.value = jax.lax.dynamic_update_slice(
-        cached_value.value, new_value, (0, 0, index * beams, 0)
-    )
-    cache_index.value = index + 1
-    positions = jnp.arange(max_len)  # [n]
-    if slots is None:
-      if beams != 1:
-        raise ValueError(f"a cache with {beams} beam slots needs `slots` (decode.py)")
-      mask = jnp.broadcast_to(positions <= index, (batch, 1, max_len))  # [b, 1, n], causal
-    else:
-      beam = jnp.arange(beams)
-      slots = slots[:, :, :max_len]  # [b, k, n]
-      holder = jnp.where(positions == index, beam[:, None], slots)  # [b, k, n]: own slot at index
-      mask = (holder[..., None] == beam) & (positions <= index)[:, None]  # [b, k, n, k(slot)]
-      mask = mask.reshape(batch, beams, max_len * beams)
-    return cached_key.value, cached_value.value, mask
-
-  def _cross_attention_cache(self, project_kv):
-    """Encoder-decoder keys/values, projected once per sentence and then read from the cache.
-
-    Kept as key_t [b, h, d_k, s] and value [b, h, s, d_v] (the layouts `cached_attention`
-    multiplies without transposing), one copy per sentence whatever the number of beams that
-    read it (see `_decode_step`)."""
-    if project_kv is not None:
-      key, value = project_kv()  # [b, s, h, d]
-      key_t, value = key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3)
-      self.put_variable("cache", "cross_key", key_t)
-      self.put_variable("cache", "cross_value", value)
-      return key_t, value
-    if not self.has_variable("cache", "cross_key"):
-      raise ValueError("cross-attention cache is empty: the first decoding step must pass encoded")
-    return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+  def _output_projection(self, out: jax.Array) -> jax.Array:
+    """Concat(head_1..head_h) Wᴼ: out [b, q, h, d_v] -> [b, q, e]."""
+    cfg = self.config
+    w_out = self._kernel(
+        "out",
+        (cfg.num_heads, cfg.head_value_dim, cfg.d_model),
+        (sharding.HEADS, sharding.KV, sharding.EMBED),
+        (0, 1),
+        2,
+    )  # W^O [h, d_v, e]
+    return jnp.einsum("bqhd,hde->bqe", out, w_out)  # [b, q, e]

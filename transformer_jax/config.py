@@ -144,31 +144,9 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
   return TransformerConfig(vocab_size=vocab_size, **config.model.to_dict())
 
 
-# Keys that moved since a run's config.json may have been written: old dotted key -> new one.
-_MOVED_KEYS = {"model.label_smoothing": "train.label_smoothing"}
-# Optional model fields whose "unset" was once written as 0; now None (a placeholder).
-_ZERO_WAS_NONE = ("key_dim", "value_dim", "num_decoder_layers")
-
-
 def from_saved(saved: dict) -> ml_collections.ConfigDict:
-  """A run's config from its `config.json` (a dict), on top of today's defaults.
-
-  Keys a run saved before they existed take their default values, and older layouts are mapped
-  to today's so a run trained before a change still resumes and translates: label_smoothing was
-  a key of `model` (now of `train`), and optional model fields were 0 for "unset" (now None).
-  """
-  saved = {
-      section: dict(value) if isinstance(value, dict) else value for section, value in saved.items()
-  }
-  for old, new in _MOVED_KEYS.items():
-    old_section, old_key = old.split(".")
-    new_section, new_key = new.split(".")
-    if old_key in saved.get(old_section, {}):
-      saved.setdefault(new_section, {})[new_key] = saved[old_section].pop(old_key)
-  model = saved.get("model", {})
-  for key in _ZERO_WAS_NONE:
-    if model.get(key) == 0:
-      model[key] = None
+  """A run's config from its `config.json` (a dict), on top of today's defaults: a key the run
+  did not save takes its default value."""
   config = default_config()
   config.update(saved)
   return config

@@ -4,10 +4,11 @@
   run.translate_lines(["A man rides a bike."])  # -> ["Ein Mann fährt Fahrrad."]
 
 Only the parameters are read from a checkpoint (an Orbax partial restore of `state/params`): no
-optimizer state, no optimizer, no train step. Translation sorts sentences by length, cuts them
-into batches of about `batch_tokens` source tokens padded to a few bucket lengths (one compiled
-search per bucket), decodes them with `decode.Predictor`, and returns them in input order.
-Decoding settings (beam size, α) can be changed per call without reloading or recompiling for α.
+optimizer state, no optimizer, no train step. `translate_sources` is the one translation path
+(the commands and training's evaluations): it sorts sentences by length, cuts them into batches
+of about `batch_tokens` source tokens padded to a few bucket lengths (one compiled search per
+bucket), decodes them with `decode.Predictor`, and returns them in input order. Decoding
+settings (beam size, α) can be changed per call without reloading or recompiling for α.
 
 This module is library code; the commands that use it are translate, tune_decoding, average,
 plot_attention and benchmarks/decode.py.
@@ -29,7 +30,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpoint, decode, errors, executables, sharding, xla_flags
+from transformer_jax import checkpoint, decode, errors, sharding, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -43,14 +44,13 @@ DEFAULT_BATCH_TOKENS = 2048
 
 
 def load_config(workdir: str, beam_size: int | None = None, alpha: float | None = None):
-  """The run's saved config (on top of today's defaults, so an older run still loads), set up to
-  decode on this machine's devices: batch split over all of them, parameters replicated."""
+  """The run's saved config (on top of today's defaults), set up to decode on this machine's
+  devices: batch split over all of them, parameters replicated."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise errors.UserError(f"{workdir} has no config.json: is it the --workdir of a training run?")
   with open(path) as f:
     saved = json.load(f)
-  # On top of today's defaults, older key layouts mapped, so a run saved before a change loads.
   config = config_lib.from_saved(saved)
   config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   if beam_size is not None:
@@ -211,35 +211,61 @@ class LoadedRun:
       batch_tokens: int | None = None,
       stats: dict | None = None,
   ) -> list[str]:
-    """Detokenized translations of token-id sources (no EOS), in order.
-
-    `stats`, if given, is filled with what the decoding cost: batches, rows (filler included),
-    decoder steps and row-steps (the sentences decoded at each step, summed over the steps and
-    batches; finished sentences leave a batch, `decode.Predictor`).
-    """
-    beam_size = self.beam_size if beam_size is None else beam_size
-    alpha = self.alpha if alpha is None else alpha
-    rows_multiple = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    buckets = pipeline.eval_bucket_lengths(self.config.data)
-    out = [""] * len(sources)
-    batch_sharding = sharding.batch_sharding(self.mesh)
-    totals = {"batches": 0, "rows": 0, "steps": 0, "row_steps": 0}
+    """Detokenized translations of token-id sources (no EOS), in order (`translate_sources`)."""
     with jax.set_mesh(self.mesh):
-      for index, inputs in translation_batches(
-          sources, buckets, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
-      ):
-        tokens, steps = self.predictor.search(
-            self.params, _to_global(batch_sharding, inputs), alpha, beam_size, stats=totals
-        )
-        for row, i in enumerate(index):
-          if i >= 0:
-            out[i] = self.tokenizer.decode(tokens[row].tolist())
-        totals["batches"] += 1
-        totals["rows"] += inputs.shape[0]
-        totals["steps"] += steps
-    if stats is not None:
-      stats.update(totals)
-    return out
+      outputs = translate_sources(
+          self.predictor,
+          self.params,
+          sources,
+          pipeline.eval_bucket_lengths(self.config.data),
+          self.mesh,
+          beam_size=self.beam_size if beam_size is None else beam_size,
+          alpha=self.alpha if alpha is None else alpha,
+          batch_tokens=batch_tokens,
+          stats=stats,
+      )
+    return [self.tokenizer.decode(tokens.tolist()) for tokens in outputs]
+
+
+def translate_sources(
+    predictor: decode.Predictor,
+    params,
+    sources: Sequence[Sequence[int]],
+    bucket_lengths: Sequence[int],
+    mesh: jax.sharding.Mesh,
+    *,
+    beam_size: int,
+    alpha: float,
+    batch_tokens: int | None = None,
+    stats: dict | None = None,
+) -> list[np.ndarray]:
+  """The output tokens (EOS then PAD) of each token-id source (no EOS), in order: the one
+  translation path of every command and of training's evaluations.
+
+  Sentences are sorted by length and batched by tokens (`translation_batches`); each
+  sentence's output limit is its own (decode.py), so its translation does not depend on the
+  batch. `stats`, if given, is filled with what the decoding cost: batches, rows (filler
+  included), decoder steps and row-steps (sentences decoded at each step, summed).
+  """
+  out: list[np.ndarray] = [np.zeros(0, np.int32)] * len(sources)
+  batch_sharding = sharding.batch_sharding(mesh)
+  rows_multiple = mesh.shape["data"] * mesh.shape["fsdp"]
+  totals = {"batches": 0, "rows": 0, "steps": 0, "row_steps": 0}
+  for index, inputs in translation_batches(
+      sources, bucket_lengths, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
+  ):
+    tokens, steps = predictor.search(
+        params, _to_global(batch_sharding, inputs), alpha, beam_size, stats=totals
+    )
+    for row, i in enumerate(index):
+      if i >= 0:
+        out[i] = tokens[row]
+    totals["batches"] += 1
+    totals["rows"] += inputs.shape[0]
+    totals["steps"] += steps
+  if stats is not None:
+    stats.update(totals)
+  return out
 
 
 def translation_batches(
@@ -299,17 +325,13 @@ def load_run(
     beam_size: int | None = None,
     alpha: float | None = None,
     devices: Sequence[jax.Device] | None = None,
-    executable_cache: str | None = None,
 ) -> LoadedRun:
   """Config, vocabulary and parameters of the training run in `workdir`, ready to translate.
 
   `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto" (what the
   run's final evaluation used; see `resolve_checkpoint`). `beam_size`/`alpha` override the run's
-  eval settings (the defaults of `translate_*`). `executable_cache`: a directory where the
-  compiled searches are kept, so that a later process loads them without tracing
-  (`executables.ExecutableCache`; not with JAX's persistent compilation cache on).
+  eval settings (the defaults of `translate_*`).
   """
-  programs = executables.ExecutableCache(executable_cache) if executable_cache else None
   config = load_config(workdir, beam_size, alpha)
   try:
     tokenizer = pipeline.load_workdir_tokenizer(workdir)
@@ -333,6 +355,5 @@ def load_run(
       config.eval.max_decode_extra,
       config.eval.beam_size,
       config.eval.alpha,
-      executables=programs,
   )
   return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)

@@ -173,11 +173,14 @@ class DecoderLayer(nn.Module):
       encoded: jax.Array | None,  # [b, s, e]; None while decoding from the cache
       self_mask: AttentionMask | jax.Array | None,
       cross_mask: AttentionMask | jax.Array | None,
+      cache_slots: jax.Array | None = None,  # decode mode, beam search (kv_cache.py)
   ):
     cfg = self.config
     self_attention = MultiHeadAttention(cfg, kind="causal", name="self_attention")
     cross_attention = MultiHeadAttention(cfg, kind="cross", name="cross_attention")
-    y = SubLayer(cfg, name="self_attention_block")(y, lambda z: self_attention(z, z, self_mask))
+    y = SubLayer(cfg, name="self_attention_block")(
+        y, lambda z: self_attention(z, z, self_mask, cache_slots)
+    )
     y = SubLayer(cfg, name="cross_attention_block")(
         y, lambda z: cross_attention(z, encoded, cross_mask)
     )
@@ -323,14 +326,15 @@ def _index(x, i: int):
 
 class _DecoderLayersFromStack(nn.Module):
   """Decode mode of a scanned decoder: the stacked parameters, run one layer after another, so
-  each layer keeps its own KV cache (the layout attention.py writes and decode.py grows)."""
+  each layer keeps its own KV cache (kv_cache.py)."""
 
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, y, encoded, self_mask, cross_mask):
+  def __call__(self, y, encoded, self_mask, cross_mask, cache_slots):
     for i in range(self.config.decoder_layers):
-      y = DecoderLayer(self.config, name=f"layer_{i}")(y, encoded, self_mask, cross_mask)
+      layer = DecoderLayer(self.config, name=f"layer_{i}")
+      y = layer(y, encoded, self_mask, cross_mask, cache_slots)
     return y
 
 
@@ -384,13 +388,13 @@ class Decoder(nn.Module):
       targets_positions=None,
       inputs_segmentation=None,
       targets_segmentation=None,
-      cache_slots=None,  # decode mode, beam search: [b, k, n] int32 (attention.py)
+      cache_slots=None,  # decode mode, beam search: [b, k, n] int32 (kv_cache.py)
   ) -> jax.Array:
     cfg = self.config
     if cfg.decode:
       # The KV cache builds the causal mask from its write index and, in a beam search, from the
-      # table of which beam's slot holds each position of each prefix (attention.py).
-      self_mask = cache_slots
+      # table of which beam's slot holds each position of each prefix (kv_cache.py).
+      self_mask = None
     else:
       self_mask = AttentionMask(
           key_valid=decoder_inputs != PAD_ID,  # [b, t]
@@ -420,10 +424,10 @@ class Decoder(nn.Module):
           trans_out_fn=_stack_variables,
           init=self.is_initializing(),
       )
-      y = unrolled(cfg, name="layers")(y, encoded, self_mask, cross_mask)
+      y = unrolled(cfg, name="layers")(y, encoded, self_mask, cross_mask, cache_slots)
     else:
       for i in range(cfg.decoder_layers):
-        y = layer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask)
+        y = layer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask, cache_slots)
     if cfg.norm_position == "pre":
       y = _layer_norm(cfg, "final_norm")(y)
     return y  # [b, t, e]
@@ -478,7 +482,7 @@ class Transformer(nn.Module):
 
     Decode mode with k beams per sentence: decoder_inputs has b*k rows (sentence-major) while
     `inputs` and `encoded` keep b, and `cache_slots` [b, k, n] says which beam's cache slot holds
-    each position of each beam's prefix (decode.py; attention.py `_append_to_cache`).
+    each position of each beam's prefix (kv_cache.py).
     """
     y = self.decoder(
         encoded,

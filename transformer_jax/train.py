@@ -33,6 +33,8 @@ from transformer_jax import (
     cli,
     distributed,
     errors,
+    files,
+    inference,
     losses,
     optim,
     parsing,
@@ -224,7 +226,7 @@ class Trainer:
         in_shardings=(self.state_shardings.params, self.batch_sharding),
         out_shardings=self.replicated,
     )
-    self._predict = decode_lib.make_predict_fn(
+    self.predictor = decode_lib.Predictor(
         model_config, config.eval.max_decode_extra, config.eval.beam_size, config.eval.alpha
     )
 
@@ -275,22 +277,19 @@ class Trainer:
     return summarize(jax.device_get(sums))
 
   def translate(self, params, examples, bucket_lengths, tokenizer) -> list[str]:
-    """Translations of `examples`' sources (beam search, or greedy for beam 1), in order.
-
-    References are dropped first: the padded length, and with it the output length limit
-    (input length + eval.max_decode_extra), must depend on the source alone.
-    """
-    sources = [(source, []) for source, _ in examples]
-    out: list[str] = [""] * len(examples)
+    """Translations of `examples`' sources with the run's decoding settings, in order: the
+    path `translate` takes (`inference.translate_sources`). References are never read."""
     with self._context():
-      for batch in self._eval_batches(sources, bucket_lengths):
-        inputs = self.to_global({"inputs": batch["inputs"]})["inputs"]
-        tokens = self._predict(params, inputs)  # [b, n] on every host
-        index = distributed.gather(batch["index"])
-        for row, i in enumerate(index):
-          if i >= 0:
-            out[i] = tokenizer.decode(tokens[row].tolist())
-    return out
+      outputs = inference.translate_sources(
+          self.predictor,
+          params,
+          [source for source, _ in examples],
+          bucket_lengths,
+          self.mesh,
+          beam_size=self.config.eval.beam_size,
+          alpha=self.config.eval.alpha,
+      )
+    return [tokenizer.decode(tokens.tolist()) for tokens in outputs]
 
   def _eval_batches(self, examples, bucket_lengths):
     """Global eval batches (fixed shapes), this process's slice of each."""
@@ -414,7 +413,7 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
       with open(tmp, "w") as f:
         f.write(config.to_json_best_effort(indent=2))
 
-    pipeline.atomic_write(path, write)
+    files.atomic_write(path, write)
 
 
 # ----------------------------------------------------------------------------- clocks
@@ -667,7 +666,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
       with open(tmp, "w") as f:
         json.dump(results, f, indent=2)
 
-    pipeline.atomic_write(os.path.join(workdir, "results.json"), write)
+    files.atomic_write(os.path.join(workdir, "results.json"), write)
   log.write(int(state.step), "final", {k: v for k, v in results.items() if isinstance(v, float)})
   log.close()
   manager.close()

@@ -11,9 +11,10 @@ longer than the run's maximum length is truncated with a warning naming the line
 not UTF-8 stops the program with an error naming the file and line. At the end the speed
 (sentences/s) goes to stderr.
 
-Compiled searches are kept in --compilation_cache (by default a directory in the user's
-cache; `executables.ExecutableCache`), so a later call with the same model, shapes and code
-loads them instead of tracing and compiling them: it starts in about a second.
+Compiled searches are kept in JAX's persistent compilation cache (compilation.py): the
+--compilation_cache directory, else the user's JAX_COMPILATION_CACHE_DIR, else
+~/.cache/transformer_jax/jax_cache; a later call with the same model and shapes loads them
+instead of compiling them. `--compilation_cache=` (empty) turns it off.
 """
 
 from __future__ import annotations
@@ -27,28 +28,6 @@ from collections.abc import Iterable, Iterator
 from absl import flags
 
 from transformer_jax import cli, errors
-
-# What translate_lines and load_run were here before they moved to the library (inference.py).
-__all__ = ["default_compilation_cache", "load_run", "read_lines", "translate_lines"]
-
-
-def default_compilation_cache() -> str:
-  """$XDG_CACHE_HOME (or ~/.cache)/transformer_jax/programs: shared by every run of a model
-  shape, and writable even where the workdir is not."""
-  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "transformer_jax", "programs")
-
-
-def load_run(workdir: str, which: str = "auto", beam_size=None, alpha=None):
-  """`inference.load_run`: config, vocabulary and parameters of the run in `workdir`."""
-  from transformer_jax import inference  # heavy (JAX); keeps --help fast
-
-  return inference.load_run(workdir, which, beam_size, alpha)
-
-
-def translate_lines(run, lines: list[str], **kwargs) -> list[str]:
-  """`run.translate_lines`: translations in order; empty lines stay empty."""
-  return run.translate_lines(lines, **kwargs)
 
 
 def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -78,6 +57,23 @@ def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
     yield chunk
 
 
+def _translate_stream(run, lines: Iterator[str], target, args) -> tuple[int, int, float]:
+  """Translates `lines` chunk by chunk, writing each chunk in order to `target` (None: this
+  process does not write). Returns (lines, sentences, seconds spent translating)."""
+  count = sentences = 0
+  seconds = 0.0
+  for chunk in _chunks(lines, args.chunk_lines):
+    start = time.perf_counter()
+    hypotheses = run.translate_lines(chunk, batch_tokens=args.batch_tokens)
+    seconds += time.perf_counter() - start
+    count += len(chunk)
+    sentences += sum(1 for line in chunk if line.strip())
+    if target is not None:
+      target.write("".join(h + "\n" for h in hypotheses))
+      target.flush()
+  return count, sentences, seconds
+
+
 def _define_flags():
   # Defined only when run as a program, so importing this module defines no flags.
   flags.DEFINE_string("workdir", None, "The training run's --workdir.")
@@ -102,8 +98,10 @@ def _define_flags():
   )
   flags.DEFINE_string(
       "compilation_cache",
-      default_compilation_cache(),
-      "Directory where compiled searches are kept for later calls; empty to turn it off.",
+      None,
+      "JAX's persistent compilation cache directory, where compiled searches are kept for later "
+      "calls (default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/transformer_jax/jax_cache); "
+      "empty to turn it off.",
   )
 
 
@@ -119,21 +117,15 @@ def main(argv):
     raise errors.UserError(f"--input={args.input}: {reason}")
   if args.output:
     cli.check_output_file(args.output)  # before the run is loaded and anything translated
-  from transformer_jax import inference  # heavy (JAX); keeps --help fast
+  import jax  # heavy; keeps --help fast
 
-  run = inference.load_run(
-      args.workdir,
-      args.checkpoint,
-      args.beam_size,
-      args.alpha,
-      executable_cache=args.compilation_cache or None,
-  )
-  import jax
+  from transformer_jax import compilation, inference
 
+  cache = compilation.enable_cache(args.compilation_cache)
+  run = inference.load_run(args.workdir, args.checkpoint, args.beam_size, args.alpha)
   logging.info(
       "translating with %s (%s, α %g); compilation cache: %s", run.checkpoint,
-      "greedy" if run.beam_size == 1 else f"beam {run.beam_size}", run.alpha,
-      args.compilation_cache or "off",
+      "greedy" if run.beam_size == 1 else f"beam {run.beam_size}", run.alpha, cache or "off",
   )  # fmt: skip
   if args.input:
     try:
@@ -145,32 +137,21 @@ def main(argv):
     source, name = sys.stdin.buffer, "standard input"
   writer = jax.process_index() == 0
   target = open(args.output, "w", encoding="utf-8") if args.output and writer else sys.stdout  # noqa: SIM115
-  lines = sentences = 0
-  decode_seconds = 0.0
   try:
-    for chunk in _chunks(read_lines(source, name), args.chunk_lines):
-      chunk_start = time.perf_counter()
-      hypotheses = run.translate_lines(chunk, batch_tokens=args.batch_tokens)
-      decode_seconds += time.perf_counter() - chunk_start
-      lines += len(chunk)
-      sentences += sum(1 for line in chunk if line.strip())
-      if writer:
-        target.write("".join(h + "\n" for h in hypotheses))
-        target.flush()
+    with compilation.CompileLog() as log:
+      lines, sentences, decode_seconds = _translate_stream(
+          run, read_lines(source, name), target if writer else None, args
+      )
   finally:
     if source is not sys.stdin.buffer:
       source.close()
     if target is not sys.stdout:
       target.close()
-    if run.predictor.executables is not None:
-      run.predictor.executables.close()  # stops prefetching
-  programs = run.predictor.executables
-  if programs is not None:
-    print(
-        f"compiled programs: {programs.loaded} loaded from {programs.directory}, "
-        f"{programs.compiled} compiled",
-        file=sys.stderr,
-    )
+  print(
+      f"programs: {log.loaded} loaded from the compilation cache ({cache or 'off'}), "
+      f"{log.compiled} compiled",
+      file=sys.stderr,
+  )
   wall = time.perf_counter() - start
   print(
       f"translated {lines} lines ({sentences} sentences) in {wall:.1f} s: "

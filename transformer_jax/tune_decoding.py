@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pathlib
 
 from absl import flags
 
-from transformer_jax import cli, errors, evaluate
+from transformer_jax import cli, errors, evaluate, files
 
 
 def _define_flags():
@@ -90,7 +91,7 @@ def tune(
   test_scores = _score(hypotheses, references)
   logging.info(
       "the search compiled %d times (%d α values, beam sizes %s)",
-      run.predictor.traces,
+      run.predictor.searches(),
       len(alphas),
       beams,
   )
@@ -107,12 +108,17 @@ def tune(
           evaluate.tokenized_bleu(hypotheses, references, lang, lowercase=True).score
       ),
       "test_sentences": len(references),
-      "search_compilations": run.predictor.traces,
+      "search_compilations": run.predictor.searches(),
   }
-  with open(os.path.join(workdir, "test_translations.tuned.txt"), "w", encoding="utf-8") as f:
-    f.writelines(h + "\n" for h in hypotheses)
-  with open(os.path.join(workdir, "decoding_sweep.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  text = "".join(h + "\n" for h in hypotheses)
+  files.atomic_write(
+      os.path.join(workdir, "test_translations.tuned.txt"),
+      lambda tmp: pathlib.Path(tmp).write_text(text, encoding="utf-8"),
+  )
+  files.atomic_write(
+      os.path.join(workdir, "decoding_sweep.json"),
+      lambda tmp: pathlib.Path(tmp).write_text(json.dumps(result, indent=2)),
+  )
   return result
 
 

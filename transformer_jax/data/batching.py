@@ -467,7 +467,7 @@ class BatchIterator:
           f"{len(self._corpus)}: the training data changed since the checkpoint. Restore "
           "the same data or start a new workdir."
       )
-    rows = [int(r) for r in state.get("rows", self._rows)]  # states saved before "rows" existed
+    rows = [int(r) for r in state["rows"]]
     if rows != self._rows:
       if len(rows) != len(self._rows) or any(r % self._batch_multiple for r in rows):
         raise ValueError(
@@ -485,7 +485,7 @@ class BatchIterator:
       )
       self._rows = rows
       self._batches_per_epoch = None
-    epoch, part = int(state["epoch"]), int(state.get("part", 0))
+    epoch, part = int(state["epoch"]), int(state["part"])
     if not 0 <= part < self._num_parts:
       raise ValueError(
           f"Saved data state part={part} is outside [0, {self._num_parts}): "

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from transformer_jax import distributed, errors
+from transformer_jax import distributed, errors, files
 from transformer_jax.data import batching, prepared, synthetic, tfds_source
 from transformer_jax.data.tokenizer import (
     SentencePieceTokenizer,
@@ -70,7 +70,7 @@ class Dataset:
   def bucket_lengths(self, data_config: ml_collections.ConfigDict) -> tuple[int, ...]:
     return batching.make_bucket_lengths(
         data_config.max_len,
-        num_buckets=data_config.get("num_buckets", 8),  # configs saved before the key existed
+        num_buckets=data_config.num_buckets,
         multiple=data_config.bucket_step,
     )
 
@@ -83,7 +83,7 @@ def eval_bucket_lengths(data_config: ml_collections.ConfigDict) -> tuple[int, ..
   (beam search costs seconds each), while padding there only costs a little decoding time."""
   return batching.make_bucket_lengths(
       data_config.max_len,
-      num_buckets=min(data_config.get("num_buckets", 8), 8),
+      num_buckets=min(data_config.num_buckets, 8),
       multiple=max(data_config.bucket_step, 8),
   )
 
@@ -127,7 +127,7 @@ def load_dataset(
       out[key] = Split(pairs, [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in pairs])
     dataset = Dataset(tokenizer, out, {"prepare": 0.0, "open": time.perf_counter() - start})
   elif d.source in ("text", "tfds"):
-    cache_dir = d.get("cache_dir", "")
+    cache_dir = d.cache_dir
     if cache_dir or workdir is not None:
       dataset = _load_prepared(config, workdir, cache_dir or default_cache_dir(workdir), splits)
     else:
@@ -202,7 +202,7 @@ def prepare(
       prepared.prepare_split(vocab_directory, key, sources[key])
   if workdir is not None and not os.path.exists(os.path.join(workdir, SPM_VOCAB)):
     model = os.path.join(vocab_directory, prepared.VOCAB_FILE)
-    atomic_write(os.path.join(workdir, SPM_VOCAB), lambda tmp: shutil.copyfile(model, tmp))
+    files.atomic_write(os.path.join(workdir, SPM_VOCAB), lambda tmp: shutil.copyfile(model, tmp))
   return vocab_directory, missing
 
 
@@ -311,12 +311,5 @@ def word_tokenizer(tokenizer: WordTokenizer, workdir: str | None) -> WordTokeniz
     logging.info("data: reusing the vocabulary in %s", path)
     return saved
   if distributed.is_chief():
-    atomic_write(path, tokenizer.save)
+    files.atomic_write(path, tokenizer.save)
   return tokenizer
-
-
-def atomic_write(path: str, write) -> None:
-  """`write(tmp_path)` then a rename: a reader never sees half a file."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  write(tmp)
-  os.replace(tmp, path)

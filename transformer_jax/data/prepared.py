@@ -44,14 +44,12 @@ import json
 import logging
 import os
 import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from transformer_jax import errors
+from transformer_jax import errors, files
 from transformer_jax.data import text, tfds_source
 from transformer_jax.data.tokenizer import SentencePieceTokenizer, train_sentencepiece
 
@@ -313,7 +311,7 @@ def prepare_vocab(cache_dir: str, name: str, spec: VocabSpec, train: SplitSource
   final = vocab_dir(cache_dir, name, spec, train)
   if is_complete(final):
     return final
-  with _atomic_dir(final) as tmp:
+  with files.atomic_dir(final, is_complete) as tmp:
     model = os.path.join(tmp, VOCAB_FILE)
     start = time.perf_counter()
     if spec.given:
@@ -391,7 +389,7 @@ def prepare_split(
   model = os.path.join(vocab_directory, VOCAB_FILE)
   tokenizer = SentencePieceTokenizer(model)
   start = time.perf_counter()
-  with _atomic_dir(final) as tmp:
+  with files.atomic_dir(final, is_complete) as tmp:
     writers = {
         name: _ArrayWriter(os.path.join(tmp, name), dtype)
         for name, dtype in (
@@ -568,47 +566,6 @@ class _ArrayWriter:
 
 
 # ----------------------------------------------------------------------------- files
-
-
-class _atomic_dir:
-  """`with _atomic_dir(final) as tmp:` fills tmp, then renames it to `final` (or drops it, if a
-  racing process got there first). Temporary directories of dead processes on this host, left by a
-  kill, are removed on the way in."""
-
-  def __init__(self, final: str):
-    self.final = final
-
-  def __enter__(self) -> str:
-    parent, base = os.path.split(self.final)
-    os.makedirs(parent, exist_ok=True)
-    prefix = f".tmp-{base}-{socket.gethostname()}-"
-    for name in os.listdir(parent):
-      if name.startswith(prefix) and not _pid_alive(name[len(prefix) :].split("-")[0]):
-        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    self.tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent)
-    return self.tmp
-
-  def __exit__(self, exc_type, exc, tb):
-    if exc_type is not None:
-      shutil.rmtree(self.tmp, ignore_errors=True)
-      return False
-    try:
-      os.rename(self.tmp, self.final)
-    except OSError:  # a racing process renamed its complete copy first: keep that one
-      if not is_complete(self.final):
-        raise
-      shutil.rmtree(self.tmp, ignore_errors=True)
-    return False
-
-
-def _pid_alive(pid: str) -> bool:
-  try:
-    os.kill(int(pid), 0)
-  except (ValueError, ProcessLookupError):
-    return False
-  except PermissionError:
-    return True
-  return True
 
 
 def _write_json(path: str, value: dict) -> None:

@@ -1,0 +1,89 @@
+"""The top `count` of a beam search's k*v extensions, in two stages (exactly the flat top_k).
+
+A beam search ranks every extension of every alive hypothesis each step: a top_k over k*v
+candidates per sentence (32k for beam 4 and an 8k vocabulary), ~10% of a decoding step on
+XLA:CPU. `top_extensions` first takes the maximum of each chunk of C consecutive tokens, keeps
+the `count` chunks ranked first, and takes the top_k of their elements only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+MIN_CHUNK = 8  # below this the chunk maxima cost more than they save
+
+
+def chunk_size(beam: int, vocab: int, count: int) -> int:
+  """The chunk size C for `top_extensions` (0: take the flat top_k, chunks do not pay).
+
+  ~sqrt(k*v / count), a power of two, balances its two small top_k's (over the k*v/C chunk
+  maxima and over the count*C elements of the kept chunks): 64 for beam 4 and an 8k vocabulary.
+  """
+  chunk = 2 ** round(math.log2(math.sqrt(beam * vocab / count)))
+  if chunk < MIN_CHUNK or chunk > vocab or beam * -(-vocab // chunk) < count:
+    return 0
+  return chunk
+
+
+def chunk_maxima(candidates: jax.Array, chunk: int) -> jax.Array:
+  """candidates [b, k, v] -> the max of each chunk of `chunk` tokens [b, k*ceil(v/C)], in flat
+  order (beam, then chunk); a beam's last chunk is shorter when C does not divide v."""
+  batch, beam, vocab = candidates.shape
+  chunks = -(-vocab // chunk)  # per beam
+  window, padding = (1, 1, chunk), ((0, 0), (0, 0), (0, chunks * chunk - vocab))
+  maxima = jax.lax.reduce_window(candidates, -jnp.inf, jax.lax.max, window, window, padding)
+  return maxima.reshape(batch, beam * chunks)  # [b, k*chunks]
+
+
+def top_of_chunks(
+    candidates: jax.Array, maxima: jax.Array, count: int, chunk: int
+) -> tuple[jax.Array, jax.Array]:
+  """The flat top_k of candidates [b, k, v] among the elements of the `count` chunks whose
+  maxima [b, k*chunks] top_k ranks first (see `top_extensions` for why it is exact)."""
+  batch, beam, vocab = candidates.shape
+  chunks = maxima.shape[1] // beam
+  _, ids = jax.lax.top_k(maxima, count)  # [b, count]
+  ids = jnp.sort(ids, axis=1)  # ascending: the gathered elements keep the flat order
+  token = (ids % chunks)[:, :, None] * chunk + jnp.arange(chunk)  # [b, count, C]
+  index = (ids // chunks)[:, :, None] * vocab + jnp.minimum(token, vocab - 1)  # [b, count, C]
+  index = index.reshape(batch, count * chunk)
+  gathered = jnp.take_along_axis(candidates.reshape(batch, beam * vocab), index, axis=1)
+  if vocab % chunk:  # past the end of a beam: -NaN, last in top_k's order
+    lowest = jax.lax.bitcast_convert_type(jnp.int32(-1), jnp.float32)
+    gathered = jnp.where(token.reshape(batch, count * chunk) < vocab, gathered, lowest)
+  values, position = jax.lax.top_k(gathered, count)  # [b, count]
+  return values, jnp.take_along_axis(index, position, axis=1)
+
+
+def top_extensions(candidates: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
+  """The top `count` of candidates [b, k, v] over k*v: (values [b, count], flat index = beam*v +
+  token), exactly `top_k(candidates.reshape(b, k*v), count)`, ties included.
+
+  On XLA:CPU a flat top_k over k*v (32k for beam 4 and an 8k vocabulary) is ~10% of a step,
+  while the max of every chunk of C consecutive tokens costs about one read. So: keep the
+  `count` chunks that top_k ranks first by maximum, and take the top_k of their elements only
+  (~3x faster at b = 128 or 256, k = 4, v = 8000).
+
+  Exact, ties included: top_k orders by value, then lower index first, and chunks are contiguous
+  runs of the flat index. If an element e of chunk j is in the top `count` but j is not kept,
+  `count` kept chunks rank ahead of j, and the first maximal element of each ranks ahead of e
+  (a higher value, or equal with a lower index): a contradiction. The kept chunks are gathered in
+  flat order, so the last top_k breaks ties as the flat one. Positions past a beam's end read as
+  -NaN, below everything. This needs each chunk's maximum in top_k's total order (-NaN < -inf <
+  ... < -0.0 < +0.0 < ... < NaN); a float max gives it except for signed zeros and NaN (XLA:CPU's
+  vectorised max skips it), so a batch with a zero maximum or a NaN takes the flat top_k.
+  """
+  batch, beam, vocab = candidates.shape
+  chunk = chunk_size(beam, vocab, count)
+  if not chunk:
+    return jax.lax.top_k(candidates.reshape(batch, beam * vocab), count)
+  maxima = chunk_maxima(candidates, chunk)  # [b, k*chunks]
+  exact = jnp.all(maxima != 0) & ~jnp.isnan(jnp.sum(candidates))
+  return jax.lax.cond(
+      exact,
+      lambda: top_of_chunks(candidates, maxima, count, chunk),
+      lambda: tuple(jax.lax.top_k(candidates.reshape(batch, beam * vocab), count)),
+  )
