@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -481,7 +482,8 @@ def check_split(directory: str) -> bool:
     return True
   logging.warning("data: %s: preparing the split again", problem)
   parent, base = os.path.split(directory)
-  # A name _atomic_dir removes once this process is gone, should the removal below be cut short.
+  # A name files.atomic_dir removes once this process is gone, should the removal below be cut
+  # short.
   aside = os.path.join(parent, f".tmp-{base}-{socket.gethostname()}-{os.getpid()}-set-aside")
   try:
     os.rename(directory, aside)

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from transformer_jax import distributed, errors
+from transformer_jax import files as files_lib
 from transformer_jax.data import pipeline, trees
 from transformer_jax.data.tokenizer import RESERVED_TOKENS, WordTokenizer
 
@@ -209,7 +210,7 @@ def load_dataset(
   else:
     tokenizer = build_vocabulary(loaded["train"], closing, d.vocab_size)
     if vocab_path and distributed.is_chief():
-      pipeline.atomic_write(vocab_path, tokenizer.save)
+      files_lib.atomic_write(vocab_path, tokenizer.save)
   known = set(tokenizer.words)
   out = {}
   for key in splits:
