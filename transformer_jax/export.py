@@ -73,7 +73,7 @@ class ExportError(errors.UserError):
 def import_ctranslate2():
   """The ctranslate2 module, or an ExportError saying how to install it."""
   try:
-    import ctranslate2  # noqa: PLC0415 - an optional extra
+    import ctranslate2  # an optional extra (.[export])
   except ImportError:
     raise ExportError(
         "--format=ctranslate2 needs the ctranslate2 package: pip install -e '.[export]'"
