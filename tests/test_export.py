@@ -10,6 +10,7 @@ The project's search never emits PAD or BOS (decode.py) and may emit EOS first; 
 told the same (`suppress_sequences`, `min_decoding_length=0`: `SEARCH_AS_THE_PROJECT`).
 """
 
+import json
 import os
 import pathlib
 import subprocess
@@ -375,6 +376,38 @@ def test_export_command_writes_a_model_and_reports_bad_input_in_one_line(trained
     assert failed.returncode == 1 and lines, flag
     assert lines[-1].startswith(f"error: {flag}") and message in lines[-1], (flag, lines[-3:])
     assert "Traceback" not in failed.stderr, flag
+
+
+@pytest.mark.subprocess
+def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, tmp_path):
+  workdir, config = trained_run
+  sources = tmp_path / "sources.txt"
+  sources.write_text("".join(s + "\n" for s, _ in unseen_pairs(config, 24)))
+  args = [
+      f"--workdir={workdir}", f"--input={sources}", "--engines=jax,ctranslate2",
+      "--quantizations=float32,int8", "--repeats=1", "--beam_size=2", "--batch_tokens=256",
+      "--threads=1",
+  ]  # fmt: skip
+  done = subprocess.run(
+      [sys.executable, "benchmarks/decode.py", *args],
+      cwd=REPO, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  ct2 = result["ctranslate2"]
+  assert ct2["threads"] == 1 and ct2["length_penalty"] == 1.0
+  for quantization in ("float32", "int8"):
+    for mode in ("greedy", "beam2"):
+      r = ct2[quantization][mode]
+      assert r["sentences"] == result[mode]["sentences"] == 24 and r["sentences_per_s"] > 0
+      assert 0 <= r["identical_to_jax"] <= 24
+  assert ct2["float32"]["greedy"]["identical_to_jax"] == 24  # the same model, the same search
+  failed = subprocess.run(
+      [sys.executable, "benchmarks/decode.py", f"--workdir={workdir}", "--engines=jax,onnx"],
+      cwd=REPO, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert failed.returncode == 1
+  assert failed.stderr.strip().splitlines()[-1].startswith("error: --engines=jax,onnx")
 
 
 @pytest.mark.slow

@@ -322,7 +322,6 @@ def export_run(
     raise ExportError(f"--workdir={workdir} is not a directory")
   import_ctranslate2()
   from transformer_jax import inference
-  from transformer_jax.data import pipeline
 
   # Checked before any parameter is read: the saved config alone says whether it can export.
   config = inference.load_config(workdir)
@@ -330,11 +329,7 @@ def export_run(
   if reason:
     raise ExportError(reason)
   run = inference.load_run(workdir, which)
-  vocab_path = next(
-      p
-      for p in (os.path.join(workdir, n) for n in (pipeline.SPM_VOCAB, pipeline.WORD_VOCAB))
-      if os.path.exists(p)
-  )  # load_run has checked that exactly one exists
+  vocab_path = workdir_vocabulary(workdir)
   export_ctranslate2(run.model_config, run.params, vocab_path, output, quantization)
   info = {
       "workdir": os.path.abspath(workdir),
@@ -347,6 +342,19 @@ def export_run(
     json.dump(info, f, indent=2)
     f.write("\n")
   return info
+
+
+def workdir_vocabulary(workdir: str) -> str:
+  """The path of the vocabulary file a run keeps in its workdir (SentencePiece or words)."""
+  from transformer_jax.data import pipeline
+
+  for name in (pipeline.SPM_VOCAB, pipeline.WORD_VOCAB):
+    if os.path.exists(os.path.join(workdir, name)):
+      return os.path.join(workdir, name)
+  raise ExportError(
+      f"{workdir} holds no vocabulary ({pipeline.SPM_VOCAB} or {pipeline.WORD_VOCAB}): is it "
+      "the --workdir of a training run?"
+  )
 
 
 def _model_config(config):
