@@ -10,6 +10,9 @@ The project's search never emits PAD or BOS (decode.py) and may emit EOS first; 
 told the same (`suppress_sequences`, `min_decoding_length=0`: `SEARCH_AS_THE_PROJECT`).
 """
 
+import ast
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -211,6 +214,37 @@ def test_quantized_exports_hold_rounded_weights(quantization, vocab_file, tmp_pa
   assert 0.45 < ratio < 0.55
   rounded = jax.tree.map(lambda x: jnp.asarray(x, quantization).astype(jnp.float32), params)
   assert_scores_equal(translator, model_config, rounded, sources, targets)
+
+
+def test_readme_example_translates_with_a_sentencepiece_export(tmp_path):
+  """A SentencePiece vocabulary (Multi30k's and WMT's kind) exports with its model file, scores
+  as the model on its pieces, and the README's example translates with it as it is written."""
+  from transformer_jax.data import synthetic
+  from transformer_jax.data.tokenizer import train_sentencepiece
+
+  pairs = synthetic.SyntheticTask(num_train=300, num_valid=0, num_test=0).pairs("train")
+  tokenizer = train_sentencepiece(
+      (s for pair in pairs for s in pair), str(tmp_path / "vocab"), vocab_size=100
+  )
+  vocab_path = str(tmp_path / "vocab.model")
+  model_config = tiny_config(vocab_size=100, max_len=256)  # the example decodes up to 256
+  params = random_params(model_config, seed=6)
+  output = export.export_ctranslate2(model_config, params, vocab_path, str(tmp_path / "OUT"))
+  assert export.SENTENCEPIECE_FILE in os.listdir(output)
+  sources = [tokenizer.encode(s) for s, _ in pairs[:50]]
+  targets = [tokenizer.encode(t) for _, t in pairs[:50]]
+  translator = ctranslate2.Translator(output, device="cpu", intra_threads=1)
+  vocab = export.vocabulary_tokens(vocab_path)
+  assert_scores_equal(translator, model_config, params, sources, targets, vocab)
+
+  readme = (REPO / "README.md").read_text()
+  example = readme[readme.index("## Export and serve") :].split("```python\n", 1)[1]
+  example = example.split("```", 1)[0].replace('"OUT', f'"{output}')
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    exec(example, {})  # noqa: S102 - the README's own code
+  translations = ast.literal_eval(printed.getvalue())
+  assert len(translations) == 1 and isinstance(translations[0], str)
 
 
 def test_d_k_different_from_d_v_is_refused_naming_the_variant(vocab_file, tmp_path):

@@ -13,13 +13,17 @@ Translate with it (`pip install -e '.[export]'`):
   sp = sentencepiece.SentencePieceProcessor(model_file="OUT/sentencepiece.model")
   translator = ctranslate2.Translator("OUT", device="cpu", inter_threads=1, intra_threads=2)
   pieces = [sp.encode(line, out_type=str) for line in ["A man rides a bike."]]
-  results = translator.translate_batch(pieces, beam_size=4, length_penalty=0.6,
-                                       max_decoding_length=256)  # <= model.max_len
+  results = translator.translate_batch(
+      pieces, beam_size=4, max_decoding_length=256,  # at most the run's model.max_len
+      min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])  # as the project's search
   print([sp.decode(r.hypotheses[0]) for r in results])
 
 A run on whitespace words (the synthetic task's vocab.txt) takes `line.split()` as its tokens and
 gives back words. The source needs no EOS (the config adds it, as the project's batches do) and
-the target starts from `<s>`, the project's BOS.
+the target starts from `<s>`, the project's BOS. The project's search never emits PAD or BOS and
+may end at once (decode.py), hence `suppress_sequences` and `min_decoding_length=0`; greedy
+translations are then the project's, token for token. Beam search ranks by a different length
+penalty (README, "Export and serve").
 
 The parameters are restored as `inference.load_run` restores them (parameters only, the same
 `--checkpoint` choices as translate) and written into a `ctranslate2.specs.TransformerSpec`, one
