@@ -368,11 +368,12 @@ TRAINED = {"d_model": 64, "d_ff": 128}
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
   """A post-LN run of 100 steps: about 10 s of training on a CPU, 30 s with compilation and
-  its final evaluation."""
+  its final evaluation (so the tests that use it are slow or start processes)."""
   workdir = tmp_path_factory.mktemp("run")
   return workdir, train_run(workdir, 100, **TRAINED)
 
 
+@pytest.mark.slow
 def test_export_of_a_trained_run_scores_and_translates_as_the_run(trained_run, tmp_path):
   workdir, config = trained_run
   info = export.export_run(str(workdir), str(tmp_path / "ct2"), "latest")
@@ -449,7 +450,7 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
     "variant", [v for v in VARIANTS if v not in ("post_ln", "layer_norm_epsilon")]
 )
 def test_trained_run_of_each_variant_exports_exactly(variant, tmp_path):
-  """As the post-LN run above (default suite), for every other variant: half a minute each.
+  """As the post-LN run above, for every other variant: half a minute of training each.
   Beam 4 of the two engines differs by length penalty and beam bookkeeping only, a few BLEU
   points at most on models this weak."""
   fields = {**TRAINED, **VARIANTS[variant]}
