@@ -256,6 +256,15 @@ def test_d_k_different_from_d_v_is_refused_naming_the_variant(vocab_file, tmp_pa
   assert not (tmp_path / "new").exists() and os.listdir(tmp_path) == []
 
 
+def test_export_of_a_d_k_d_v_run_is_refused_from_its_config_before_any_checkpoint(tmp_path):
+  config = tiny_train_config()
+  config.model.key_dim = 4  # Table 3 row B: d_v stays d_model / h = 8
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())  # as train.py writes it
+  with pytest.raises(export.ExportError, match="key_dim=4 != model.value_dim=8"):
+    export.export_run(str(tmp_path), str(tmp_path / "out"))  # no vocabulary, no checkpoint yet
+  assert not (tmp_path / "out").exists()
+
+
 def test_vocabulary_without_the_projects_special_tokens_is_refused(tmp_path):
   path = tmp_path / "vocab.txt"
   path.write_text("\n".join(["<pad>", "<s>", "</s>", "<unk>"] + WORDS) + "\n")  # BOS/EOS swapped
@@ -411,6 +420,15 @@ def test_export_command_writes_a_model_and_reports_bad_input_in_one_line(trained
     assert failed.returncode == 1 and lines, flag
     assert lines[-1].startswith(f"error: {flag}") and message in lines[-1], (flag, lines[-3:])
     assert "Traceback" not in failed.stderr, flag
+  refused = tmp_path / "row_b"  # a run of a variant CTranslate2 cannot hold: its config suffices
+  refused.mkdir()
+  config = tiny_train_config()
+  config.model.key_dim = 4
+  (refused / "config.json").write_text(config.to_json_best_effort())
+  failed = export_command(f"--workdir={refused}", f"--output={tmp_path / 'c'}")
+  lines = failed.stderr.strip().splitlines()
+  assert failed.returncode == 1 and "Traceback" not in failed.stderr
+  assert lines[-1].startswith("error: model.key_dim=4 != model.value_dim=8 (d_k != d_v, Table 3")
 
 
 @pytest.mark.subprocess
