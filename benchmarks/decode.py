@@ -1,7 +1,7 @@
 """Decoding speed of a trained run: greedy and beam search on the same sentences, one JSON line.
 
   python benchmarks/decode.py --workdir DIR [--input FILE] [--beam_size 4] [--repeats 3]
-      [--batch_tokens 2048] [--block 16]
+      [--batch_tokens 2048] [--block 16] [--engines jax,ctranslate2] [--threads N]
 
 Default input: the run's test split (e.g. Multi30k test2016 for configs/multi30k.py). The run is
 loaded once (parameters only, inference.py); each mode is timed `--repeats` times after a
@@ -11,13 +11,25 @@ hypotheses), the decoder steps run (summed over batches) and the time per step, 
 their rows, and `row_steps` (sentences decoded at each step, summed: finished sentences leave a
 batch); beside them the device, the batch size in tokens, the programs compiled and the peak
 memory (host RSS, and the device's peak where it reports one).
+
+`--engines jax,ctranslate2` also exports the same parameters to CTranslate2 (transformer_jax/
+export.py) once per `--quantizations` type and times its `translate_batch` on the same
+sentences, batched by the same number of source tokens, greedy and beam, a median of
+`--repeats` after a warm-up pass: under "ctranslate2", per type, sentences/s, output tokens/s
+and how many translations are identical to the project's. It runs with `--threads` intra-op
+threads (default: the cores this process may use); pin the process (`taskset -c 0-1 python
+benchmarks/decode.py ...`) to give both engines the same cores. CTranslate2's beam search
+divides log P(Y) by |Y|^`--length_penalty` where the project's divides by the §6.1 GNMT
+((5 + |Y|) / 6)^α (|Y| with EOS in both), so their beam translations differ a little.
 """
 
 import json
+import os
 import pathlib
 import resource
 import statistics
 import sys
+import tempfile
 import time
 
 from absl import app, flags
@@ -39,11 +51,23 @@ _BATCH_TOKENS = flags.DEFINE_integer(
 _BLOCK = flags.DEFINE_integer(
     "block", None, "Cache length block of the search (default: decode.DEFAULT_BLOCK; 0: none)."
 )
+_ENGINES = flags.DEFINE_list("engines", ["jax"], "Engines to time: jax, ctranslate2 (export.py).")
+_QUANTIZATIONS = flags.DEFINE_list(
+    "quantizations", ["float32", "int8"], "CTranslate2 weight types to time (export.py)."
+)
+_THREADS = flags.DEFINE_integer(
+    "threads", None, "CTranslate2's intra-op threads (default: the cores this process may use)."
+)
+_LENGTH_PENALTY = flags.DEFINE_float(
+    "length_penalty", 1.0, "CTranslate2's beam length penalty: log P(Y) / |Y|^length_penalty."
+)
+ENGINES = ("jax", "ctranslate2")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  engines = _check_engines()
   import jax
 
   from transformer_jax import decode, inference
@@ -72,10 +96,13 @@ def main(argv):
       "batch_tokens": batch_tokens,
       "block": run.predictor.block,
   }
-  for name, beam in (("greedy", 1), (f"beam{_BEAM.value}", _BEAM.value)):
+  modes = (("greedy", 1), (f"beam{_BEAM.value}", _BEAM.value))
+  translations = {}  # mode -> the project's translations, to compare CTranslate2's with
+  for name, beam in modes if "jax" in engines else ():
     kwargs = {"beam_size": beam, "batch_tokens": batch_tokens}
     start = time.perf_counter()
     hypotheses = run.translate_ids(sources, **kwargs)  # warm-up: compiles each batch shape
+    translations[name] = hypotheses
     compile_s = time.perf_counter() - start
     out_tokens = sum(len(run.tokenizer.encode(h)) + 1 for h in hypotheses)
     times, stats = [], {}
@@ -97,15 +124,93 @@ def main(argv):
         "step_ms": round(1000 * seconds / max(stats["steps"], 1), 2),
         "row_steps": stats["row_steps"],
     }
-  result["programs_compiled"] = run.predictor.programs()
-  result["beam_over_greedy_time"] = round(
-      result[f"beam{_BEAM.value}"]["seconds"] / result["greedy"]["seconds"], 2
-  )
+  if "jax" in engines:
+    result["programs_compiled"] = run.predictor.programs()
+    result["beam_over_greedy_time"] = round(
+        result[f"beam{_BEAM.value}"]["seconds"] / result["greedy"]["seconds"], 2
+    )
+  if "ctranslate2" in engines:
+    result["ctranslate2"] = _time_ctranslate2(run, sources, modes, batch_tokens, translations)
   result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
   memory = getattr(device, "memory_stats", lambda: None)() or {}
   if "peak_bytes_in_use" in memory:
     result["device_peak_gib"] = round(memory["peak_bytes_in_use"] / 2**30, 2)
   print(json.dumps(result))
+
+
+def _check_engines() -> list[str]:
+  from transformer_jax import export
+
+  engines = _ENGINES.value
+  unknown = [e for e in engines if e not in ENGINES]
+  if unknown or not engines:
+    raise export.ExportError(f"--engines={','.join(engines)}: expected some of {ENGINES}")
+  if "ctranslate2" in engines:
+    for quantization in _QUANTIZATIONS.value:
+      export.check_quantization(quantization)
+    export.import_ctranslate2()
+  if _THREADS.value is not None and _THREADS.value < 1:
+    raise export.ExportError(f"--threads={_THREADS.value}: must be >= 1")
+  return engines
+
+
+def _time_ctranslate2(run, sources, modes, batch_tokens, translations) -> dict:
+  """CTranslate2 on the run's parameters, exported once per quantization: for each mode, the
+  median of --repeats passes over `sources` after a warm-up pass, and how many translations are
+  identical to the project's (`translations`, where timed)."""
+  import ctranslate2
+
+  from transformer_jax import export
+
+  threads = _THREADS.value or len(os.sched_getaffinity(0))
+  vocab_path = export.workdir_vocabulary(_WORKDIR.value)
+  tokens = export.vocabulary_tokens(vocab_path)
+  index = {token: i for i, token in enumerate(tokens)}
+  unk, pad, bos = (export.SPECIAL_TOKENS[name] for name in ("unk", "pad", "bos"))
+  source_tokens = [[tokens[i] for i in ids] for ids in sources]
+  cfg = run.config
+  # decode.py's limit for the longest inputs: their length + eval.max_decode_extra, within the
+  # position table.
+  max_length = min(cfg.data.max_len + cfg.eval.max_decode_extra, run.model_config.max_len)
+  out = {"threads": threads, "length_penalty": _LENGTH_PENALTY.value}
+  with tempfile.TemporaryDirectory() as directory:
+    for quantization in _QUANTIZATIONS.value:
+      path = os.path.join(directory, quantization)
+      export.export_ctranslate2(run.model_config, run.params, vocab_path, path, quantization)
+      translator = ctranslate2.Translator(
+          path, device="cpu", inter_threads=1, intra_threads=threads
+      )
+      out[quantization] = {"compute_type": translator.compute_type}
+      for name, beam in modes:
+        kwargs = {
+            "beam_size": beam, "length_penalty": _LENGTH_PENALTY.value,
+            "max_batch_size": batch_tokens, "batch_type": "tokens",
+            "max_decoding_length": max_length, "min_decoding_length": 0,
+            "suppress_sequences": [[pad[1]], [bos[1]]],  # never emitted by decode.py either
+        }  # fmt: skip
+        results = translator.translate_batch(source_tokens, **kwargs)  # warm-up
+        hypotheses = [
+            run.tokenizer.decode([index.get(t, unk[0]) for t in r.hypotheses[0]]) for r in results
+        ]
+        times = []
+        for _ in range(_REPEATS.value):
+          start = time.perf_counter()
+          translator.translate_batch(source_tokens, **kwargs)
+          times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
+        out_tokens = sum(len(run.tokenizer.encode(h)) + 1 for h in hypotheses)  # as above
+        out[quantization][name] = {
+            "sentences": len(sources),
+            "seconds": round(seconds, 3),
+            "times": [round(t, 3) for t in times],
+            "sentences_per_s": round(len(sources) / seconds, 2),
+            "tokens_per_s": round(out_tokens / seconds, 1),
+        }
+        if name in translations:
+          same = sum(a == b for a, b in zip(hypotheses, translations[name]))
+          out[quantization][name]["identical_to_jax"] = same
+      del translator
+  return out
 
 
 if __name__ == "__main__":
