@@ -10,6 +10,7 @@ no final evaluation (preemption.py); running it again resumes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -515,20 +516,59 @@ def run(
     return _train(config, workdir, devices)
 
 
+@dataclasses.dataclass
+class _Run:
+  """What the training loop and the finish share: one run's data, trainer and bookkeeping."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  dataset: Any
+  trainer: Trainer
+  train_iter: batching.BatchIterator
+  eval_buckets: Any
+  manager: Any  # checkpoint.make_manager's Orbax CheckpointManager
+  chrono: Chrono
+  log: MetricLog | None = None
+
+
 def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
-  """`run`'s work, under the workdir's lock."""
+  """`run`'s work, under the workdir's lock: open the run, train, then finish it."""
   _check_workdir_config(workdir, config)
+  run = _open_run(config, workdir, devices)
+  state = _restore_or_init(
+      run.manager, run.trainer, run.train_iter, run.chrono, config.seed, workdir
+  )
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  logging.info("parameters: %d", num_params)
+  run.log = MetricLog(workdir)
+  state, preempted = _train_loop(run, state)
+  run.manager.wait_until_finished()
+  times = {
+      "train_seconds": round(run.chrono.train_seconds, 1),
+      "train_seconds_this_session": round(run.chrono.session_seconds, 1),
+  }
+  if preempted:  # the checkpoint is complete; the grace period is too short for evaluation
+    run.log.write(int(state.step), "preempted", {"elapsed_s": round(run.chrono.session_seconds, 1)})
+    run.log.close()
+    run.manager.close()
+    return {"step": int(state.step), "stopped_by": "preemption", **times}
+  results = _finish(run, state, {"num_params": int(num_params), **times})
+  run.log.close()
+  run.manager.close()
+  return results
+
+
+def _open_run(config: ml_collections.ConfigDict, workdir: str, devices) -> _Run:
+  """The dataset (vocabulary written or reused), the trainer over `devices`, the training
+  iterator, the checkpoint manager and the run's clock."""
   dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
-  tokenizer = dataset.tokenizer
-  model_config = config_lib.model_config(config, tokenizer.vocab_size)
+  model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
   trainer = Trainer(config, model_config, devices)
-  buckets = dataset.bucket_lengths(config.data)
-  eval_buckets = dataset.eval_bucket_lengths(config.data)
   try:
     train_iter = batching.BatchIterator(
         dataset.splits["train"].examples,
         seed=config.seed,
-        bucket_lengths=buckets,
+        bucket_lengths=dataset.bucket_lengths(config.data),
         tokens_per_batch=config.data.tokens_per_batch,
         batch_multiple=batch_multiple(config, trainer.num_batch_shards),
         process_index=jax.process_index(),
@@ -545,20 +585,31 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
       train_iter.rows_per_bucket,
       dict(trainer.mesh.shape),
   )
-
   t = config.train
-  manager = checkpoint.make_manager(workdir, keep=t.keep_checkpoints, save_every=t.checkpoint_every)
-  chrono = Chrono(t.max_train_minutes)
-  state = _restore_or_init(manager, trainer, train_iter, chrono, config.seed, workdir)
-  resumed, start_step, num_steps = int(state.step) > 0, int(state.step), t.num_steps
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  logging.info("parameters: %d", num_params)
-  log = MetricLog(workdir)
+  return _Run(
+      config=config,
+      workdir=workdir,
+      dataset=dataset,
+      trainer=trainer,
+      train_iter=train_iter,
+      eval_buckets=dataset.eval_bucket_lengths(config.data),
+      manager=checkpoint.make_manager(
+          workdir, keep=t.keep_checkpoints, save_every=t.checkpoint_every
+      ),
+      chrono=Chrono(t.max_train_minutes),
+  )
+
+
+def _train_loop(run: _Run, state: TrainState) -> tuple[TrainState, bool]:
+  """Trains from `state` to train.num_steps, the time budget or a SIGTERM, logging, evaluating
+  and checkpointing as the config says; returns the last state and whether it was preempted."""
+  t, chrono, log, manager = run.config.train, run.chrono, run.log, run.manager
+  start_step, num_steps = int(state.step), t.num_steps
   # Marks a session: its elapsed_s count from zero again (transformer_jax/plot.py adds them up).
   log.write(
       start_step,
       "start",
-      {"resumed": resumed, "train_seconds_before": round(chrono.prior_seconds, 1)},
+      {"resumed": start_step > 0, "train_seconds_before": round(chrono.prior_seconds, 1)},
   )
   # A run whose budget was spent in an earlier session trains no further: like a run that reached
   # num_steps, rerunning it only redoes the final evaluation. Raise the budget to extend it.
@@ -569,9 +620,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
         t.max_train_minutes,
         chrono.prior_seconds,
     )
-  dropout_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+  dropout_rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed), 1)
   periodic_eval = functools.partial(
-      _periodic_eval, trainer, dataset, config.eval.num_sentences, eval_buckets, log
+      _periodic_eval,
+      run.trainer,
+      run.dataset,
+      run.config.eval.num_sentences,
+      run.eval_buckets,
+      log,
   )
   progress = tqdm.tqdm(
       total=num_steps,
@@ -584,15 +640,15 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
   chrono.start_session()
   with preemption.Preemption() as preempt:
     for step in range(start_step + 1, last_step + 1):
-      batch = next(train_iter)
+      batch = next(run.train_iter)
       padding.append(batching.padding_efficiency(batch))
-      state, metrics = trainer.train_step(state, batch, dropout_rng)
+      state, metrics = run.trainer.train_step(state, batch, dropout_rng)
       pending.append(metrics)
       chrono.tick()
       progress.update(1)
 
       if itstime(step, t.log_every, last_step=num_steps):
-        values = _train_record(pending, padding, chrono, step, manager, workdir)
+        values = _train_record(pending, padding, chrono, step, manager, run.workdir)
         log.write(step, "train", values)
         progress.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['learning_rate']:.2e}")
         pending, padding = [], []
@@ -609,7 +665,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
             manager,
             step,
             state,
-            {**train_iter.get_state(), **chrono.state()},
+            {**run.train_iter.get_state(), **chrono.state()},
             force=step == num_steps or out_of_time or preempted,
         )
       if out_of_time:
@@ -622,20 +678,15 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
       if out_of_time or preempted:
         break
   progress.close()
-  session_seconds, train_seconds = chrono.session_seconds, chrono.train_seconds
-  manager.wait_until_finished()
-  times = {
-      "train_seconds": round(train_seconds, 1),
-      "train_seconds_this_session": round(session_seconds, 1),
-  }
-  if preempted:  # the checkpoint is complete; the grace period is too short for evaluation
-    log.write(int(state.step), "preempted", {"elapsed_s": round(session_seconds, 1)})
-    log.close()
-    manager.close()
-    return {"step": int(state.step), "stopped_by": "preemption", **times}
+  return state, preempted
 
-  params, evaluated = state.params, f"step {int(state.step)}"
-  held = len(manager.all_steps())
+
+def _finish(run: _Run, state: TrainState, facts: dict) -> dict:
+  """After training: the §6.1 average of the last checkpoints (or the latest parameters), the
+  final evaluation, and results.json (with `facts`: parameter count, times)."""
+  t, step = run.config.train, int(state.step)
+  params, evaluated = state.params, f"step {step}"
+  held = len(run.manager.all_steps())
   if t.average_last and held < t.average_last:
     # A run stopped early (time budget, few steps) has fewer checkpoints than §6.1 averages; the
     # oldest could be the barely trained first one, so evaluate the latest rather than fail here.
@@ -643,22 +694,23 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
         "train.average_last=%d but %d checkpoints exist: evaluating step %d, not an average",
         t.average_last,
         held,
-        int(state.step),
+        step,
     )
     evaluated += f" (not averaged: {held} checkpoints < train.average_last={t.average_last})"
   elif t.average_last:
-    params, steps = checkpoint.average_params(manager, trainer.abstract_state(), t.average_last)
-    checkpoint.save_averaged(workdir, params, steps)
+    params, steps = checkpoint.average_params(
+        run.manager, run.trainer.abstract_state(), t.average_last
+    )
+    checkpoint.save_averaged(run.workdir, params, steps)
     evaluated = f"average of steps {steps}"
   results = final_evaluation(
-      trainer, params, dataset, eval_buckets, workdir, log, step=int(state.step)
+      run.trainer, params, run.dataset, run.eval_buckets, run.workdir, run.log, step=step
   )
   results.update(
       parameters=evaluated,
-      step=int(state.step),
-      num_params=int(num_params),
-      **times,
-      stopped_by="train.num_steps" if int(state.step) >= num_steps else "train.max_train_minutes",
+      step=step,
+      **facts,
+      stopped_by="train.num_steps" if step >= t.num_steps else "train.max_train_minutes",
   )
   if distributed.is_chief():
     # Atomically: the sweep takes an existing results.json for a finished row.
@@ -666,10 +718,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
       with open(tmp, "w") as f:
         json.dump(results, f, indent=2)
 
-    files.atomic_write(os.path.join(workdir, "results.json"), write)
-  log.write(int(state.step), "final", {k: v for k, v in results.items() if isinstance(v, float)})
-  log.close()
-  manager.close()
+    files.atomic_write(os.path.join(run.workdir, "results.json"), write)
+  run.log.write(step, "final", {k: v for k, v in results.items() if isinstance(v, float)})
   return results
 
 
