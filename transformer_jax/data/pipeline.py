@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from transformer_jax import distributed, errors, files
-from transformer_jax.data import batching, prepared, synthetic, tfds_source
+from transformer_jax.data import batching, prepared, ptb, synthetic, tfds_source
 from transformer_jax.data.tokenizer import (
     SentencePieceTokenizer,
     Tokenizer,
@@ -134,9 +134,11 @@ def load_dataset(
       with tempfile.TemporaryDirectory() as tmp:  # memory maps outlive the unlinked files
         dataset = _load_prepared(config, None, tmp, splits)
   elif d.source == "ptb":
-    from transformer_jax.data import ptb  # noqa: PLC0415  it imports this module
-
-    dataset = ptb.load_dataset(config, workdir, splits)
+    start = time.perf_counter()
+    vocab_path = os.path.join(workdir, WORD_VOCAB) if workdir else None
+    tokenizer, loaded = ptb.load_splits(config, vocab_path, splits)
+    out = {key: Split(pairs, examples) for key, (pairs, examples) in loaded.items()}
+    dataset = Dataset(tokenizer, out, {"prepare": 0.0, "open": time.perf_counter() - start})
   else:
     raise errors.UserError(
         f"config.data.source={d.source!r}: expected 'synthetic', 'text', 'tfds' or 'ptb'"

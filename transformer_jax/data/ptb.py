@@ -34,14 +34,13 @@ import collections
 import logging
 import os
 import re
-import time
 from collections.abc import Sequence
 
 import ml_collections
 
 from transformer_jax import distributed, errors
 from transformer_jax import files as files_lib
-from transformer_jax.data import pipeline, trees
+from transformer_jax.data import trees
 from transformer_jax.data.tokenizer import RESERVED_TOKENS, WordTokenizer
 
 _ARTICLE = re.compile(r"(\d{4})\.mrg$")
@@ -186,14 +185,12 @@ def build_vocabulary(train: Sequence[trees.Tree], closing: str, vocab_size: int)
   return WordTokenizer(tree_tokens + class_tokens + frequent[:room])
 
 
-def load_dataset(
-    config: ml_collections.ConfigDict,
-    workdir: str | None = None,
-    splits: Sequence[str] = pipeline.SPLIT_KEYS,
-) -> pipeline.Dataset:
-  """The pairs and token ids of `splits`; the vocabulary is the workdir's, or made from train."""
+def load_splits(
+    config: ml_collections.ConfigDict, vocab_path: str | None, splits: Sequence[str]
+) -> tuple[WordTokenizer, dict[str, tuple[list[tuple[str, str]], list]]]:
+  """The vocabulary (read from `vocab_path` if it exists, else made from train and written
+  there) and, for each of `splits`, its (sentence, linearized tree) pairs and their token ids."""
   d = config.data
-  start = time.perf_counter()
   files = treebank_files(d.path)
   names = {"train": d.train_split, "eval": d.eval_split, "test": d.test_split}
   loaded = {}
@@ -203,7 +200,6 @@ def load_dataset(
       logging.info("data: %s split: skipped %d trees with no word but empty elements", key, empty)
     loaded[key] = tree_list
   closing = d.tree_closing
-  vocab_path = os.path.join(workdir, pipeline.WORD_VOCAB) if workdir else None
   if vocab_path and os.path.exists(vocab_path):
     tokenizer = WordTokenizer.load(vocab_path)
     logging.info("data: reusing the vocabulary in %s", vocab_path)
@@ -218,6 +214,5 @@ def load_dataset(
         (" ".join(tree.words()), " ".join(trees.linearize(tree, closing))) for tree in loaded[key]
     ]
     examples = [(encode_words(tokenizer, known, s.split()), tokenizer.encode(t)) for s, t in pairs]
-    out[key] = pipeline.Split(pairs, examples)
-  seconds = time.perf_counter() - start
-  return pipeline.Dataset(tokenizer, out, {"prepare": 0.0, "open": seconds})
+    out[key] = (pairs, examples)
+  return tokenizer, out
