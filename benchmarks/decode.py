@@ -169,9 +169,12 @@ def _time_ctranslate2(run, sources, modes, batch_tokens, translations) -> dict:
   unk, pad, bos = (export.SPECIAL_TOKENS[name] for name in ("unk", "pad", "bos"))
   source_tokens = [[tokens[i] for i in ids] for ids in sources]
   cfg = run.config
-  # decode.py's limit for the longest inputs: their length + eval.max_decode_extra, within the
-  # position table.
-  max_length = min(cfg.data.max_len + cfg.eval.max_decode_extra, run.model_config.max_len)
+  # decode.py stops each sentence at its own limit (export.output_limit). CTranslate2 takes one
+  # limit per call: it decodes to the longest sentence's limit, and each output is cut at its
+  # own, which gives the project's greedy outputs exactly (a beam's may differ).
+  extra, max_len = cfg.eval.max_decode_extra, run.model_config.max_len
+  limits = [export.output_limit(len(ids), extra, max_len) for ids in sources]
+  max_length = max(limits)
   out = {"threads": threads, "length_penalty": _LENGTH_PENALTY.value}
   with tempfile.TemporaryDirectory() as directory:
     for quantization in _QUANTIZATIONS.value:
@@ -190,7 +193,8 @@ def _time_ctranslate2(run, sources, modes, batch_tokens, translations) -> dict:
         }  # fmt: skip
         results = translator.translate_batch(source_tokens, **kwargs)  # warm-up
         hypotheses = [
-            run.tokenizer.decode([index.get(t, unk[0]) for t in r.hypotheses[0]]) for r in results
+            run.tokenizer.decode([index.get(t, unk[0]) for t in r.hypotheses[0][:limit]])
+            for r, limit in zip(results, limits)
         ]
         times = []
         for _ in range(_REPEATS.value):

@@ -337,37 +337,41 @@ def check_exported_run(workdir, output, config, beam_bleu_gap: float | None = No
   vocab = export.vocabulary_tokens(str(pathlib.Path(workdir) / "vocab.txt"))
   assert_scores_equal(translator, model_config, run.params, sources, targets, vocab)
 
-  # decode.py's output limit: the source's padded length + eval.max_decode_extra, at most the
-  # position table; with one bucket at least as long as the table allows, it is max_len.
-  buckets = [length + config.eval.max_decode_extra for length in _buckets(config)]
-  assert min(buckets) >= model_config.max_len
-  limit = {"max_decoding_length": model_config.max_len, **SEARCH_AS_THE_PROJECT}
+  # decode.py stops each sentence at its own limit (export.output_limit); CTranslate2 takes one
+  # limit per call, so the sentences of one limit are translated together.
   source_tokens = [s.split() for s, _ in pairs]
-  ours = run.translate_ids(sources, beam_size=1)
-  theirs = [
-      " ".join(r.hypotheses[0])
-      for r in translator.translate_batch(source_tokens, beam_size=1, **limit)
+  limits = [
+      export.output_limit(len(ids), config.eval.max_decode_extra, model_config.max_len)
+      for ids in sources
   ]
+
+  def ctranslate2_outputs(**kwargs) -> list[str]:
+    out = [""] * len(pairs)
+    for limit in sorted(set(limits)):
+      rows = [i for i, n in enumerate(limits) if n == limit]
+      results = translator.translate_batch(
+          [source_tokens[i] for i in rows],
+          max_decoding_length=limit,
+          **SEARCH_AS_THE_PROJECT,
+          **kwargs,
+      )
+      for i, r in zip(rows, results):
+        out[i] = " ".join(r.hypotheses[0])
+    return out
+
+  ours = run.translate_ids(sources, beam_size=1)
+  theirs = ctranslate2_outputs(beam_size=1)
   different = [i for i in range(len(pairs)) if ours[i] != theirs[i]]
   assert not different, f"{len(different)} of 200 greedy translations differ: {different[:5]}"
   result = {"greedy_identical": len(pairs) - len(different)}
   if beam_bleu_gap is not None:
     references = [t for _, t in pairs]
     ours = run.translate_ids(sources, beam_size=4, alpha=0.6)
-    theirs = [
-        " ".join(r.hypotheses[0])
-        for r in translator.translate_batch(source_tokens, beam_size=4, length_penalty=1.0, **limit)
-    ]
+    theirs = ctranslate2_outputs(beam_size=4, length_penalty=1.0)
     result["beam4_bleu"] = [sacrebleu.corpus_bleu(h, [references]).score for h in (ours, theirs)]
     result["beam4_identical"] = sum(a == b for a, b in zip(ours, theirs))
     assert abs(result["beam4_bleu"][0] - result["beam4_bleu"][1]) <= beam_bleu_gap, result
   return result
-
-
-def _buckets(config) -> list[int]:
-  from transformer_jax.data import pipeline
-
-  return list(pipeline.eval_bucket_lengths(config.data))
 
 
 # d_model 64: the smallest of these widths that learns to end its sentences in 100 steps.

@@ -74,6 +74,15 @@ class ExportError(errors.UserError):
   """The run cannot be exported as asked; the message names the variant, flag or path."""
 
 
+def output_limit(num_source_ids: int, extra: int, max_len: int) -> int:
+  """`max_decoding_length` for one sentence that makes CTranslate2 stop where the project's search
+  does (decode.output_limits): its source ids, EOS and `eval.max_decode_extra`, within the
+  position table. CTranslate2 takes one limit per call; decode the sentences of one limit
+  together, or decode longer and cut each greedy output at its own limit, which is exact
+  (greedy never looks ahead)."""
+  return min(num_source_ids + 1 + extra, max_len)
+
+
 def import_ctranslate2():
   """The ctranslate2 module, or an ExportError saying how to install it."""
   try:
