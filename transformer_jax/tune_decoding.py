@@ -146,10 +146,12 @@ def _tune_parsing(workdir, run, decode, valid, test, alphas, beams) -> dict:
       "best_alpha": best["alpha"],
       **test_scores,
       "test_sentences": len(test.pairs),
-      "search_compilations": run.predictor.traces,
+      "search_compilations": run.predictor.searches(),
   }
-  with open(os.path.join(workdir, "decoding_sweep.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  files.atomic_write(
+      os.path.join(workdir, "decoding_sweep.json"),
+      lambda tmp: pathlib.Path(tmp).write_text(json.dumps(result, indent=2)),
+  )
   return result
 
 
