@@ -15,10 +15,14 @@ only; test is decoded once, at the end. Hardware and time: 2 CPU cores, 60 minut
 (`train.max_train_minutes`) plus the final evaluation (beam 21 over validation loss and 273 test
 sentences).
 
-Expected: test EVALB F1 >= 75 (COLLINS.prm) after 60 minutes of training on 2 CPU cores; not yet
-measured in a full run (README, Results). results.json gets test_f1, precision, recall, complete
-match and the number of repaired outputs; test_trees.mrg the parses (one per line) and
-test_gold.mrg the gold trees, which EVALB itself scores the same:
+Target: test EVALB F1 >= 75 (COLLINS.prm) after 60 minutes of training on 2 CPU cores. Measured:
+one run of this config on a shared VM reached F1 18.4 in 1,350 steps (README, Results): most
+outputs have one tag more or fewer than the sentence has words, and EVALB skips those sentences
+(docs/experiments.md). The recipe that reaches the target is still to be found.
+
+results.json gets test_f1, precision, recall, complete match and the number of repaired
+outputs; test_trees.mrg the parses (one per line) and test_gold.mrg the gold trees, which
+EVALB itself scores the same:
 `evalb -p COLLINS.prm -e 100000 test_gold.mrg test_trees.mrg`.
 
 Data: ../shared/data/ptb-sample (wsj_0001-0179.mrg) or --config.data.path=DIR. The sample is
