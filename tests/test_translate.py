@@ -123,7 +123,10 @@ def test_the_final_evaluation_translates_as_translate_does(trained_run, monkeypa
   monkeypatch.setattr(
       inference, "translate_sources", lambda *a, **k: calls.append(k) or original(*a, **k)
   )
+  # Another test re-averages this run's checkpoints; put back the average the run evaluated.
+  assert average.average_workdir(str(workdir), 2) == [3, 4]
   run = inference.load_run(str(workdir))
+  assert run.checkpoint == results["parameters"] == "average of steps [3, 4]"
   dataset = inference.pipeline.load_dataset(run.config, str(workdir))
   test = dataset.splits["test"]
   hypotheses = run.translate_ids([s for s, _ in test.examples])
