@@ -96,11 +96,7 @@ def tune(
       beams,
   )
   result = {
-      "workdir": workdir,
-      "parameters": run.checkpoint,
-      "sweep": sweep,
-      "best_beam_size": best["beam_size"],
-      "best_alpha": best["alpha"],
+      **_chosen(workdir, run, sweep, best),
       "test_bleu": test_scores["bleu"],
       "test_length_ratio": test_scores["length_ratio"],
       "test_tokenized_bleu": float(evaluate.tokenized_bleu(hypotheses, references, lang).score),
@@ -122,6 +118,17 @@ def tune(
   return result
 
 
+def _chosen(workdir, run, sweep: list[dict], best: dict) -> dict:
+  """The head of decoding_sweep.json: the run, every setting tried and the one chosen."""
+  return {
+      "workdir": workdir,
+      "parameters": run.checkpoint,
+      "sweep": sweep,
+      "best_beam_size": best["beam_size"],
+      "best_alpha": best["alpha"],
+  }
+
+
 def _tune_parsing(workdir, run, decode, valid, test, alphas, beams) -> dict:
   """`tune` for a parsing run: validation F1 per (beam, α); test_trees.tuned.mrg."""
   from transformer_jax import parsing
@@ -139,11 +146,7 @@ def _tune_parsing(workdir, run, decode, valid, test, alphas, beams) -> dict:
       hypotheses, test.pairs, closing, workdir, trees_file="test_trees.tuned.mrg"
   )
   result = {
-      "workdir": workdir,
-      "parameters": run.checkpoint,
-      "sweep": sweep,
-      "best_beam_size": best["beam_size"],
-      "best_alpha": best["alpha"],
+      **_chosen(workdir, run, sweep, best),
       **test_scores,
       "test_sentences": len(test.pairs),
       "search_compilations": run.predictor.searches(),
