@@ -55,11 +55,30 @@ def test_wsj_config_reads_an_ldc_like_directory(shared_data, tmp_path):
   # Targets are whole tree tokens: no <unk> in the training targets; gold trees rebuild exactly.
   train = dataset.splits["train"]
   assert all(UNK_ID not in target for _, target in train.examples)
-  gold = parsing.gold_trees(train.pairs, config.data.tree_closing)
+  gold = parsing.gold_trees(train.pairs, trees.Linearization.from_config(config.data))
   assert [t.words() for t in gold] == [s.split() for s, _ in train.pairs]
   # A second load keeps the workdir's vocabulary.
   again = pipeline.load_dataset(config, str(workdir), splits=("test",))
   assert again.splits["test"].examples == dataset.splits["test"].examples
+
+
+def test_targets_with_words_read_their_words_as_the_source_does(shared_data, tmp_path):
+  """data.tree_words: a target's word tokens are the source's ids, in order; gold trees rebuild."""
+  config = parsing_sample.get_config()
+  config.data.train_split, config.data.eval_split = "0001-0020", "0021"
+  config.data.tree_words = True
+  config_lib.validate(config)
+  dataset = pipeline.load_dataset(config, str(tmp_path / "run"), splits=("train", "eval"))
+  words = dataset.tokenizer.words
+  tree_ids = {i + UNK_ID + 1 for i, t in enumerate(words) if t[:1] in ("(", ")")}
+  for key in ("train", "eval"):
+    split = dataset.splits[key]
+    for source, target in split.examples:
+      assert [i for i in target if i not in tree_ids | {UNK_ID}] == [
+          i for i in source if i != UNK_ID
+      ]
+    gold = parsing.gold_trees(split.pairs, trees.Linearization.from_config(config.data))
+    assert [t.words() for t in gold] == [s.split() for s, _ in split.pairs]
 
 
 def test_sample_config_split_is_by_article(shared_data):

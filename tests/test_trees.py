@@ -47,15 +47,30 @@ def test_linearization_and_back(closing):
   assert restored.repairs == 0 and restored.tree == tree
 
 
-@pytest.mark.parametrize("closing", trees.CLOSINGS)
-def test_every_sample_tree_round_trips_exactly(shared_data, closing):
+def test_linearization_with_words_and_back():
+  """data.tree_words: each word before its tag; the words read back are the input's."""
+  tree = trees.preprocess(trees.parse_trees(PTB)[0])
+  form = trees.Linearization("labeled", words=True)
+  tokens = form.tokens(tree)
+  assert tokens[:6] == ["(S", "(NP", "Mr.", "(NNP)", "Vinken", "(NNP)"]
+  assert [t for t in tokens if t[0] not in "()"] == tree.words()
+  assert form.restore(tokens, tree.words()) == trees.Restored(tree, 0)
+  # The written words only mark positions: the tree takes the input's words (e.g. a word the
+  # model wrote as its unknown-word class).
+  marked = ["<unk:cap>" if t == "Vinken" else t for t in tokens]
+  assert form.restore(marked, tree.words()) == trees.Restored(tree, 0)
+
+
+@pytest.mark.parametrize("closing, words", [(c, w) for c in trees.CLOSINGS for w in (False, True)])
+def test_every_sample_tree_round_trips_exactly(shared_data, closing, words):
   """Every tree of the Penn Treebank sample: linearize, then delinearize with its words."""
+  form = trees.Linearization(closing, words)
   paths = sorted((shared_data / "ptb-sample").glob("wsj_*.mrg"))
   count = 0
   for path in paths:
     for raw in trees.read_trees(str(path)):
       tree = trees.preprocess(raw)
-      restored = trees.delinearize(trees.linearize(tree, closing), tree.words(), closing)
+      restored = form.restore(form.tokens(tree), tree.words())
       assert restored.repairs == 0 and restored.tree == tree, (path, str(tree))
       assert trees.parse_trees(str(tree))[0] == tree  # one-line output reads back the same
       count += 1
@@ -92,6 +107,23 @@ def test_ill_formed_outputs_are_repaired_by_the_documented_rule(tokens, expected
     assert str(restored.tree) == f"(TOP {expected})"
   again = trees.delinearize(tokens.split(), WORDS)
   assert again == restored  # deterministic
+
+
+@pytest.mark.parametrize(
+    "tokens, expected, repairs",
+    [
+        ("(S (NP x (NNP) )NP y (VBZ) z (.) )S", "(S (NP (NNP John)) (VBZ runs) (. .))", 0),
+        # A tag with no word before it, and a word with no tag after it.
+        ("(S (NP (NNP) )NP y (VBZ) z )S", "(S (NP (NNP John)) (VBZ runs)) (. .)", 3),
+        # Two words before one tag; a word left waiting at the end.
+        ("(S x y (NNP) z (VBZ) w", "(S (NNP John) (VBZ runs) (. .))", 4),
+    ],
+)
+def test_ill_formed_outputs_with_words_are_repaired_by_the_documented_rule(
+    tokens, expected, repairs
+):
+  restored = trees.delinearize(tokens.split(), WORDS, "labeled", with_words=True)
+  assert (str(restored.tree), restored.repairs) == (f"(TOP {expected})", repairs)
 
 
 def test_deep_nesting_prints_without_recursion():

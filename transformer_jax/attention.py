@@ -141,27 +141,38 @@ def dot_product_attention(
 
 
 def cached_attention(
-    query: jax.Array, key_t: jax.Array, value: jax.Array, mask: jax.Array
+    query: jax.Array, key_t: jax.Array, value: jax.Array, mask: jax.Array | None
 ) -> tuple[jax.Array, jax.Array]:
   """Eq. 1 for decoding steps against a cache: softmax(Q Kᵀ / √d_k) V, per head.
 
-  query [b, q, h, d_k] (the q = k beams of a sentence, or one row), key_t [b, h, d_k, m],
-  value [b, h, m, d_v], mask [b, q | 1, m] bool -> (out [b, q, h, d_v], weights [b, h, q, m]).
-  The cache layouts make both products plain batched matmuls over (b, h): on a CPU the
-  [b, m, h, d] layout cost a transposition of the whole cache per step and layer (~5x slower).
+  query [r, 1, h, d_k] with r = b * k rows (the k beams of each sentence, sentence-major, or
+  k = 1), key_t [b, h, d_k, m], value [b, h, m, d_v], mask [b, k | 1, m] bool or None (every
+  key) -> (out [r, 1, h, d_v], weights [b, h, k, m]): the cache holds one entry per sentence,
+  so a sentence's k rows are k queries against it. The cache layouts make both products plain
+  batched matmuls over (b, h): on a CPU the [b, m, h, d] layout cost a transposition of the
+  whole cache per step and layer (~5x slower).
   """
+  batch = key_t.shape[0]
+  beams, rest = divmod(query.shape[0], batch)
+  if rest or query.shape[1] != 1:
+    raise ValueError(
+        f"a decoding cache of batch {batch} cannot serve queries {query.shape[:2]}: "
+        "expected [batch * beams, 1]"
+    )
   depth = query.shape[-1]
-  query = query / jnp.sqrt(depth).astype(query.dtype)
+  query = query.reshape((batch, beams) + query.shape[2:]) / jnp.sqrt(depth).astype(query.dtype)
   # Both products in the [batch..., rows, columns] form of a batched matmul, with the (small)
   # query and output transposed around them: an output in another order made XLA:CPU compute
   # the product transposed, without its fast matmul kernels (~3x slower per step).
   logits = jnp.einsum(
       "bhqd,bhdm->bhqm", query.transpose(0, 2, 1, 3), key_t, preferred_element_type=jnp.float32
-  )  # [b, h, q, m]
-  logits = jnp.where(mask[:, None], logits, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1)  # [b, h, q, m], float32
-  out = jnp.einsum("bhqm,bhmd->bhqd", weights.astype(value.dtype), value)  # [b, h, q, d_v]
-  return out.transpose(0, 2, 1, 3), weights  # [b, q, h, d_v]
+  )  # [b, h, k, m]
+  if mask is not None:
+    logits = jnp.where(mask[:, None], logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1)  # [b, h, k, m], float32
+  out = jnp.einsum("bhqm,bhmd->bhqd", weights.astype(value.dtype), value)  # [b, h, k, d_v]
+  out = out.transpose(0, 2, 1, 3)  # [b, k, h, d_v]
+  return out.reshape((batch * beams, 1) + out.shape[2:]), weights
 
 
 def cudnn_unsupported_reason(dtype, head_dim: int, platform: str) -> str | None:
@@ -325,31 +336,17 @@ class MultiHeadAttention(nn.Module):
     return out
 
   def _decode_step(self, query, key, value, mask, slots) -> jax.Array:
-    """One decoding step against the cache -> [r, 1, h, d_v].
-
-    query [r, 1, h, d_k], r = b * k rows (k beams per sentence, sentence-major); the cache holds
-    one entry per sentence, so the k rows of a sentence are k queries against it.
-    """
+    """One decoding step against the cache: query [r, 1, h, d_k] -> [r, 1, h, d_v]."""
     if self.kind == "causal":
       key_t, value, attend = SelfAttentionCache(name="kv_cache")(key, value, slots)
     else:
       key_t, value = CrossAttentionCache(name="kv_cache")(key, value)
       valid = mask.key_valid if isinstance(mask, AttentionMask) else None
-      if valid is None:
-        valid = jnp.ones((key_t.shape[0], key_t.shape[-1]), bool)
-      attend = valid[:, None, :]  # [b, 1, s]
-    batch = key_t.shape[0]
-    beams, rest = divmod(query.shape[0], batch)
-    if rest or query.shape[1] != 1:
-      raise ValueError(
-          f"a decoding cache of batch {batch} cannot serve queries {query.shape[:2]}: "
-          "expected [batch * beams, 1]"
-      )
-    query = query.reshape((batch, beams) + query.shape[2:])  # [b, k, h, d_k]
-    out, weights = cached_attention(query, key_t, value, attend)  # [b, k, h, d_v]
+      attend = None if valid is None else valid[:, None, :]  # [b, 1, s]
+    out, weights = cached_attention(query, key_t, value, attend)
     if self.is_mutable_collection("intermediates"):
       self.sow("intermediates", "attention_weights", weights)
-    return out.reshape((batch * beams, 1) + out.shape[2:])  # [r, 1, h, d_v]
+    return out
 
   def _project(self, name: str, x: jax.Array, head_dim: int) -> jax.Array:
     """x [b, q, e] @ W [e, h, d] -> [b, q, h, d]: W^Q, W^K or W^V of all heads (fan-in e, fan-out

@@ -75,6 +75,10 @@ def default_config() -> ml_collections.ConfigDict:
   # ptb (§6.3 parsing, data/trees.py): closing brackets of the linearized trees carry their
   # label, ")NP", as in Vinyals et al. (2015) ("labeled"), or are a bare ")" ("bare").
   c.data.tree_closing = "labeled"
+  # ptb: True writes each word before its tag in the target ("(NP Mr. (NNP) Vinken (NNP) )NP"):
+  # a deviation from Vinyals et al. (2015) and §6.3, whose targets hold no words; the written
+  # words mark the decoder's position in the sentence (data/trees.py). Off: the paper's form.
+  c.data.tree_words = False
   c.data.synthetic_seed = 0
   c.data.synthetic_train_size = 50_000
   c.data.synthetic_eval_size = 500

@@ -66,12 +66,13 @@ def read_sentences(stream, name: str, max_words: int) -> list[list[str]]:
 def parse_sentences(run, sentences: list[list[str]], beam_size=None, alpha=None):
   """`trees.Restored` of each sentence (words), in order, decoded by a loaded parsing run."""
   from transformer_jax import parsing
-  from transformer_jax.data import ptb
+  from transformer_jax.data import ptb, trees
 
   known = set(run.tokenizer.words)
   encoded = [ptb.encode_words(run.tokenizer, known, words) for words in sentences]
   hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha)
-  return parsing.to_trees(hypotheses, sentences, run.config.data.tree_closing)
+  linearization = trees.Linearization.from_config(run.config.data)
+  return parsing.to_trees(hypotheses, sentences, linearization)
 
 
 def main(argv):

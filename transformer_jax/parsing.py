@@ -41,17 +41,21 @@ def sentence_words(line: str) -> list[str]:
 
 
 def to_trees(
-    hypotheses: Sequence[str], sentences: Sequence[Sequence[str]], closing: str
+    hypotheses: Sequence[str],
+    sentences: Sequence[Sequence[str]],
+    linearization: trees.Linearization,
 ) -> list[trees.Restored]:
   """Each decoded linearization (tokens joined by spaces) as a tree over its sentence's words."""
-  return [trees.delinearize(h.split(), words, closing) for h, words in zip(hypotheses, sentences)]
+  return [linearization.restore(h.split(), words) for h, words in zip(hypotheses, sentences)]
 
 
-def gold_trees(pairs: Sequence[tuple[str, str]], closing: str) -> list[trees.Tree]:
+def gold_trees(
+    pairs: Sequence[tuple[str, str]], linearization: trees.Linearization
+) -> list[trees.Tree]:
   """The gold trees of (words, linearization) pairs (data/ptb.py), rebuilt exactly."""
   out = []
   for source, target in pairs:
-    restored = trees.delinearize(target.split(), source.split(), closing)
+    restored = linearization.restore(target.split(), source.split())
     if restored.repairs:  # cannot happen for pairs made by data/ptb.py
       raise ValueError(f"not a linearized tree: {target[:200]!r}")
     out.append(restored.tree)
@@ -59,13 +63,15 @@ def gold_trees(pairs: Sequence[tuple[str, str]], closing: str) -> list[trees.Tre
 
 
 def scores(
-    hypotheses: Sequence[str], pairs: Sequence[tuple[str, str]], closing: str
+    hypotheses: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    linearization: trees.Linearization,
 ) -> tuple[dict, list[trees.Tree], list[trees.Tree]]:
   """EVALB's figures (COLLINS.prm) of decoded outputs against the pairs' gold trees, the number
   of outputs that needed repair, and (predicted trees, gold trees)."""
-  restored = to_trees(hypotheses, [source.split() for source, _ in pairs], closing)
+  restored = to_trees(hypotheses, [source.split() for source, _ in pairs], linearization)
   predicted = [r.tree for r in restored]
-  gold = gold_trees(pairs, closing)
+  gold = gold_trees(pairs, linearization)
   result = evalb.score([str(t) for t in gold], [str(t) for t in predicted])
   a = result.all
   values = {
@@ -90,12 +96,12 @@ def write_trees(path: str, tree_list: Sequence[trees.Tree]) -> None:
 def test_results(
     hypotheses: Sequence[str],
     pairs: Sequence[tuple[str, str]],
-    closing: str,
+    linearization: trees.Linearization,
     workdir: str | None,
     trees_file: str = TEST_TREES,
 ) -> dict:
   """`scores` with a `test_` prefix; the workdir (if given) gets the predicted and gold trees."""
-  values, predicted, gold = scores(hypotheses, pairs, closing)
+  values, predicted, gold = scores(hypotheses, pairs, linearization)
   if workdir is not None:
     write_trees(os.path.join(workdir, trees_file), predicted)
     write_trees(os.path.join(workdir, TEST_GOLD), gold)

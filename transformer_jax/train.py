@@ -47,7 +47,7 @@ from transformer_jax import (
 from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
 from transformer_jax import evaluate as evaluate_lib
-from transformer_jax.data import batching, pipeline
+from transformer_jax.data import batching, pipeline, trees
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import PAD_ID, TransformerConfig
 
@@ -779,7 +779,8 @@ def _periodic_eval(trainer, dataset, num_sentences, buckets, log, params, step, 
   hypotheses = trainer.translate(params, examples, buckets, dataset.tokenizer)
   if trainer.config.data.source == "ptb":  # §6.3: parses are scored by EVALB's F1
     pairs = dataset.splits["eval"].pairs[:num_sentences]
-    parse_scores, _, _ = parsing.scores(hypotheses, pairs, trainer.config.data.tree_closing)
+    linearization = trees.Linearization.from_config(trainer.config.data)
+    parse_scores, _, _ = parsing.scores(hypotheses, pairs, linearization)
     values.update({k: parse_scores[k] for k in ("f1", "precision", "recall", "repaired")})
   else:
     values["bleu"] = evaluate_lib.corpus_bleu(hypotheses, references).score
@@ -830,7 +831,7 @@ def final_evaluation(
     test_metrics = parsing.test_results(
         hypotheses,
         test_split.pairs,
-        trainer.config.data.tree_closing,
+        trees.Linearization.from_config(trainer.config.data),
         workdir if distributed.is_chief() else None,
     )
   else:

@@ -132,18 +132,19 @@ def _chosen(workdir, run, sweep: list[dict], best: dict) -> dict:
 def _tune_parsing(workdir, run, decode, valid, test, alphas, beams) -> dict:
   """`tune` for a parsing run: validation F1 per (beam, α); test_trees.tuned.mrg."""
   from transformer_jax import parsing
+  from transformer_jax.data import trees
 
-  closing = run.config.data.tree_closing
+  linearization = trees.Linearization.from_config(run.config.data)
   sweep = []
   for beam in beams:
     for alpha in alphas:
-      scores = parsing.scores(decode(beam, alpha, valid), valid.pairs, closing)[0]
+      scores = parsing.scores(decode(beam, alpha, valid), valid.pairs, linearization)[0]
       sweep.append({"beam_size": beam, "alpha": alpha, "valid_f1": scores["f1"]})
       logging.info("beam %d, α=%g: validation F1 %.2f", beam, alpha, scores["f1"])
   best = max(sweep, key=lambda r: (r["valid_f1"], -r["beam_size"], -r["alpha"]))
   hypotheses = decode(best["beam_size"], best["alpha"], test)
   test_scores = parsing.test_results(
-      hypotheses, test.pairs, closing, workdir, trees_file="test_trees.tuned.mrg"
+      hypotheses, test.pairs, linearization, workdir, trees_file="test_trees.tuned.mrg"
   )
   result = {
       **_chosen(workdir, run, sweep, best),

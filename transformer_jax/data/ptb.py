@@ -154,7 +154,7 @@ def encode_words(tokenizer: WordTokenizer, known: set[str], words: Sequence[str]
   `known` is `set(tokenizer.words)`, made once by the caller."""
   out = []
   for word in words:
-    if word not in known:
+    if word not in known and word[:1] not in ("(", ")"):  # tree tokens stay as they are
       fine, coarse = word_class(word)
       word = fine if fine in known else coarse
     out.append(word)
@@ -199,20 +199,24 @@ def load_splits(
     if empty:
       logging.info("data: %s split: skipped %d trees with no word but empty elements", key, empty)
     loaded[key] = tree_list
-  closing = d.tree_closing
+  linearization = trees.Linearization.from_config(d)
   if vocab_path and os.path.exists(vocab_path):
     tokenizer = WordTokenizer.load(vocab_path)
     logging.info("data: reusing the vocabulary in %s", vocab_path)
   else:
-    tokenizer = build_vocabulary(loaded["train"], closing, d.vocab_size)
+    tokenizer = build_vocabulary(loaded["train"], linearization.closing, d.vocab_size)
     if vocab_path and distributed.is_chief():
       files_lib.atomic_write(vocab_path, tokenizer.save)
   known = set(tokenizer.words)
   out = {}
   for key in splits:
-    pairs = [
-        (" ".join(tree.words()), " ".join(trees.linearize(tree, closing))) for tree in loaded[key]
-    ]
-    examples = [(encode_words(tokenizer, known, s.split()), tokenizer.encode(t)) for s, t in pairs]
+    pairs = [(" ".join(tree.words()), " ".join(linearization.tokens(tree))) for tree in loaded[key]]
+    # Words in a target (data.tree_words) are read as the source's are; tree tokens as they are.
+    encode_target = (
+        (lambda t: encode_words(tokenizer, known, t.split()))
+        if linearization.words
+        else tokenizer.encode
+    )
+    examples = [(encode_words(tokenizer, known, s.split()), encode_target(t)) for s, t in pairs]
     out[key] = (pairs, examples)
   return tokenizer, out

@@ -32,6 +32,11 @@ sentences). Closing brackets carry their label (Vinyals et al.'s form) or not (`
 
 No token can be mistaken for a word: Penn Treebank words never contain brackets.
 
+With words (`config.data.tree_words`, a deviation from Vinyals et al. and §6.3, off by default),
+each word is written before its tag, so the decoder's own output says which word it is at:
+
+    words:   (S (NP Mr. (NNP) Vinken (NNP) )NP (VP is (VBZ) ... )VP . (.) )S
+
 `delinearize(tokens, words)` rebuilds the tree, giving the tag tokens the input's words in order;
 for every tree of a treebank it returns the preprocessed tree exactly. A model's output that is
 not a well-formed linearization is mapped to a tree by a fixed rule, and every departure counted:
@@ -43,6 +48,9 @@ not a well-formed linearization is mapped to a tree by a fixed rule, and every d
     phrase still open (or the root), tagged by `fallback_tag`: Penn Treebank's tag for a
     punctuation word, NN for any other word;
   * phrases still open at the end are closed, and phrases that got no word are removed.
+With words, a token that is not a tree token is a word: it marks a position and nothing more
+(the tree takes the input's words, whatever the model wrote); a tag with no word before it, a
+word with no tag after it, and a word left waiting at the end are each counted, the rest as above.
 """
 
 from __future__ import annotations
@@ -246,13 +254,16 @@ def tag_token(tag: str) -> str:
   return f"({tag})"
 
 
-def linearize(tree: Tree, closing: str = "labeled") -> list[str]:
-  """The target tokens of a tree (its root's children, top-down; module docstring)."""
+def linearize(tree: Tree, closing: str = "labeled", words: bool = False) -> list[str]:
+  """The target tokens of a tree (its root's children, top-down; module docstring); with
+  `words`, each tag token follows its word (`data.tree_words`)."""
   _check_closing(closing)
   out = []
 
   def visit(node: Tree):
     if node.is_preterminal:
+      if words:
+        out.append(node.children[0])
       out.append(tag_token(node.label))
       return
     out.append("(" + node.label)
@@ -263,6 +274,26 @@ def linearize(tree: Tree, closing: str = "labeled") -> list[str]:
   for child in tree.children:
     visit(child)
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Linearization:
+  """How a run writes trees as targets: `closing` ("labeled" or "bare") and `words` (each word
+  written before its tag; `config.data.tree_words`, off in the paper's form)."""
+
+  closing: str = "labeled"
+  words: bool = False
+
+  @classmethod
+  def from_config(cls, data) -> Linearization:
+    """From a run's `config.data` (`tree_closing`, `tree_words`)."""
+    return cls(data.tree_closing, bool(data.get("tree_words", False)))
+
+  def tokens(self, tree: Tree) -> list[str]:
+    return linearize(tree, self.closing, self.words)
+
+  def restore(self, tokens: Sequence[str], words: Sequence[str]) -> Restored:
+    return delinearize(tokens, words, self.closing, self.words)
 
 
 def fallback_tag(word: str) -> str:
@@ -276,12 +307,29 @@ class Restored:
   repairs: int  # departures from a well-formed linearization (0: the output was one)
 
 
-def delinearize(tokens: Sequence[str], words: Sequence[str], closing: str = "labeled") -> Restored:
-  """The tree of `tokens` over `words`, repaired by the module docstring's rule if need be."""
+def delinearize(
+    tokens: Sequence[str],
+    words: Sequence[str],
+    closing: str = "labeled",
+    with_words: bool = False,
+) -> Restored:
+  """The tree of `tokens` over `words`, repaired by the module docstring's rule if need be.
+
+  `with_words`: `tokens` write each word before its tag (`linearize(..., words=True)`); those
+  word tokens are read as position marks only (the tree takes `words`, the input's)."""
   _check_closing(closing)
   root = Tree(ROOT, [])
   stack, used, repairs = [root], 0, 0
+  pending = False  # with_words: a word token waits for its tag
   for token in tokens:
+    if with_words and token[:1] not in ("(", ")"):  # a word
+      repairs += pending  # the word before it got no tag
+      pending = True
+      continue
+    if with_words:
+      is_tag = len(token) > 2 and token[0] == "(" and token[-1] == ")"
+      repairs += pending != is_tag  # a word with no tag, or a tag with no word
+      pending = False
     if len(token) > 2 and token[0] == "(" and token[-1] == ")":  # a tag
       if used < len(words):
         stack[-1].children.append(Tree(token[1:-1], [words[used]]))
@@ -301,6 +349,7 @@ def delinearize(tokens: Sequence[str], words: Sequence[str], closing: str = "lab
         repairs += 1
     else:
       repairs += 1
+  repairs += pending
   for word in words[used:]:
     stack[-1].children.append(Tree(fallback_tag(word), [word]))
     repairs += 1
