@@ -149,7 +149,8 @@ def word_class(word: str) -> tuple[str, str]:
 
 
 def encode_words(tokenizer: WordTokenizer, known: set[str], words: Sequence[str]) -> list[int]:
-  """Token ids of a sentence's words: a word, else its class, else `<unk>` (module docstring).
+  """Token ids of a sentence's words: a word, else its class, else `<unk>` (module docstring);
+  tree tokens (a target's brackets and tags) are taken as they are.
 
   `known` is `set(tokenizer.words)`, made once by the caller."""
   out = []
@@ -211,12 +212,10 @@ def load_splits(
   out = {}
   for key in splits:
     pairs = [(" ".join(tree.words()), " ".join(linearization.tokens(tree))) for tree in loaded[key]]
-    # Words in a target (data.tree_words) are read as the source's are; tree tokens as they are.
-    encode_target = (
-        (lambda t: encode_words(tokenizer, known, t.split()))
-        if linearization.words
-        else tokenizer.encode
-    )
-    examples = [(encode_words(tokenizer, known, s.split()), encode_target(t)) for s, t in pairs]
+    # A target's words (data.tree_words) are read as the source's are; tree tokens as they are.
+    examples = [
+        (encode_words(tokenizer, known, s.split()), encode_words(tokenizer, known, t.split()))
+        for s, t in pairs
+    ]
     out[key] = (pairs, examples)
   return tokenizer, out

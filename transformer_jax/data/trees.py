@@ -287,7 +287,7 @@ class Linearization:
   @classmethod
   def from_config(cls, data) -> Linearization:
     """From a run's `config.data` (`tree_closing`, `tree_words`)."""
-    return cls(data.tree_closing, bool(data.get("tree_words", False)))
+    return cls(data.tree_closing, data.tree_words)
 
   def tokens(self, tree: Tree) -> list[str]:
     return linearize(tree, self.closing, self.words)
@@ -326,11 +326,11 @@ def delinearize(
       repairs += pending  # the word before it got no tag
       pending = True
       continue
+    is_tag = len(token) > 2 and token[0] == "(" and token[-1] == ")"
     if with_words:
-      is_tag = len(token) > 2 and token[0] == "(" and token[-1] == ")"
       repairs += pending != is_tag  # a word with no tag, or a tag with no word
       pending = False
-    if len(token) > 2 and token[0] == "(" and token[-1] == ")":  # a tag
+    if is_tag:
       if used < len(words):
         stack[-1].children.append(Tree(token[1:-1], [words[used]]))
         used += 1
