@@ -114,6 +114,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval.max_decode_extra = 50  # §6.1: maximum output length = input length + 50
   c.eval.beam_size = 4  # §6.1; 1 = greedy
   c.eval.alpha = 0.6  # §6.1 length penalty ((5 + |Y|) / 6)^α
+  # Parsing runs (data.source "ptb") only: the search writes only well-formed trees over the
+  # input's words (tree_constraint.py). Not in the paper (§6.3 decodes freely): off by default.
+  c.eval.tree_constraints = False
 
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   c.sharding_rules = "data_parallel"  # data_parallel | fsdp | tensor_parallel (sharding.RULES)
@@ -244,6 +247,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(e.max_decode_extra >= 1, "eval.max_decode_extra", "must be >= 1")
   check(e.beam_size >= 1, "eval.beam_size", "must be >= 1 (1 = greedy)")
   check(e.alpha >= 0, "eval.alpha", "must be >= 0")
+  check(
+      not e.tree_constraints or config.data.source == "ptb",
+      "eval.tree_constraints",
+      "applies to parsing runs only (data.source='ptb')",
+  )
   for axis in config.mesh:
     check(
         config.mesh[axis] == -1 or config.mesh[axis] >= 1,

@@ -32,11 +32,16 @@ What makes it fast on a CPU (each measured, see benchmarks/decode.py):
     maxima: the same result as the flat top_k, ties included (`top_k.top_extensions`).
   * Finished sentences leave the batch (`Predictor`), and α is a traced argument: trying several
     α compiles once.
+
+A constraint (`constrain(log_probs [..., v], prefixes [..., n], limit [b]) -> log_probs`, e.g.
+parsing's tree_constraint.py) may reshape each step's distribution given each hypothesis' tokens
+so far and its sentence's output limit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -93,6 +98,7 @@ class Greedy:
   """Argmax decoding: the most probable token each step."""
 
   beam_size: int = 1
+  constrain: Callable | None = None  # (log_probs [b, v], out [b, n], limit [b]) -> log_probs
 
   def init(self, first_log_probs, limit, max_decode_len: int, alpha) -> GreedyState:
     batch = first_log_probs.shape[0]
@@ -105,6 +111,8 @@ class Greedy:
     return self._emit(state, log_probs), cache
 
   def _emit(self, state: GreedyState, log_probs) -> GreedyState:
+    if self.constrain is not None:
+      log_probs = self.constrain(log_probs, state.out, state.limit)
     token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [b]
     token = jnp.where(state.finished, PAD_ID, token)
     finished = state.finished | (token == EOS_ID) | (state.step + 1 >= state.limit)
@@ -144,6 +152,7 @@ class Beam:
   """§6.1 beam search with the GNMT length penalty."""
 
   beam_size: int = 4
+  constrain: Callable | None = None  # (log_probs [b, k, v], alive_seqs [b, k, n], limit [b])
 
   def init(self, first_log_probs, limit, max_decode_len: int, alpha) -> BeamState:
     """The state after the first step ([b, v], the distribution after BOS). Only beam 0 is real
@@ -161,18 +170,23 @@ class Beam:
         limit=limit,
     )
     first = jnp.broadcast_to(first_log_probs.astype(jnp.float32)[:, None], (batch, k, vocab))
-    return _grow(state, first, alpha)[0]  # every beam is the same: parent 0
+    return self._extend(state, first, alpha)[0]  # every beam is the same: parent 0
 
   def step(self, step_fn, state: BeamState, cache, alpha):
     """Extends every alive hypothesis of the sentences not done; the others stay as they are."""
     batch, k = state.alive_log_probs.shape
     tokens = state.alive_seqs[:, :, state.step - 1].reshape(batch * k)  # [r]
     log_probs, cache = step_fn(tokens, cache, state.step, state.slots)  # [r, v]
-    grown, parents = _grow(state, log_probs.astype(jnp.float32).reshape(batch, k, -1), alpha)
+    grown, parents = self._extend(state, log_probs.astype(jnp.float32).reshape(batch, k, -1), alpha)
     slots = _take_beams(state.slots, parents).at[:, :, state.step].set(parents)  # [b, k, n]
     grown = grown._replace(slots=slots)
     done = self.done(state, alpha)  # [b]
     return jax.tree.map(lambda new, old: _where_sentence(done, old, new), grown, state), cache
+
+  def _extend(self, state: BeamState, log_probs, alpha) -> tuple[BeamState, jax.Array]:
+    if self.constrain is not None:
+      log_probs = self.constrain(log_probs, state.alive_seqs, state.limit)
+    return _grow(state, log_probs, alpha)
 
   def done(self, state: BeamState, alpha) -> jax.Array:
     """[b] bool: at the limit, or no alive hypothesis can beat the worst finished one.
@@ -286,6 +300,7 @@ def beam_search_with_step_fn(
     *,
     limit: jax.Array | None = None,
     tile: Callable = _tile_rows,
+    constrain: Callable | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search over `step_fn(tokens [r], cache, position, slots) -> (log_probs [r, v], cache)`.
 
@@ -293,7 +308,7 @@ def beam_search_with_step_fn(
   b; `tile(cache, k)` gives it room for k beams (default: repeat every leaf's rows). Row j of
   sentence i (row i*k + j) writes position p into slot j and reads its prefix's positions q < p
   from slots[i, j, q]; the search never reorders the cache. `limit` [b]: each sentence's maximum
-  output length (default: `max_decode_len`).
+  output length (default: `max_decode_len`); `constrain` as `Beam`'s.
 
   Returns (tokens [b, k, n], scores [b, k], steps) as `Beam.result`; steps counts the calls of
   `step_fn` plus the first step.
@@ -304,25 +319,29 @@ def beam_search_with_step_fn(
     raise ValueError(f"max_decode_len={max_decode_len} must be >= 1")
   if first_log_probs.shape[1] < 2:
     raise ValueError(f"the vocabulary must have at least 2 tokens, got {first_log_probs.shape[1]}")
-  search = Beam(beam_size)
+  search = Beam(beam_size, constrain)
   state = _reference(search, step_fn, first_log_probs, cache, max_decode_len, alpha, limit, tile)
   return *search.result(state, alpha), state.step
 
 
-def beam_search(decoder, params, inputs, max_decode_len, beam_size=4, alpha=0.6, limit=None):
-  """§6.1 beam search of a batch [b, s] -> (tokens [b, k, n], scores [b, k], steps)."""
+def beam_search(
+    decoder, params, inputs, max_decode_len, beam_size=4, alpha=0.6, limit=None, constraint=None
+):
+  """§6.1 beam search of a batch [b, s] -> (tokens [b, k, n], scores [b, k], steps).
+  `constraint(log_probs, prefixes, inputs)`: see `Predictor`."""
   first_log_probs, cache, sentence = decoder.start(params, inputs, max_decode_len)
   return beam_search_with_step_fn(
       decoder.step_fn(params, inputs, sentence), first_log_probs, cache, max_decode_len,
-      beam_size, alpha, limit=limit, tile=decoder.add_beams,
+      beam_size, alpha, limit=limit, tile=decoder.add_beams, constrain=_bind(constraint, inputs),
   )  # fmt: skip
 
 
-def greedy_search(decoder, params, inputs, max_decode_len, limit=None):
+def greedy_search(decoder, params, inputs, max_decode_len, limit=None, constraint=None):
   """Argmax decoding of a batch [b, s] -> (tokens [b, n], EOS then PAD; steps)."""
   first_log_probs, cache, sentence = decoder.start(params, inputs, max_decode_len)
   step_fn = decoder.step_fn(params, inputs, sentence)
-  state = _reference(Greedy(), step_fn, first_log_probs, cache, max_decode_len, 0.0, limit, None)
+  search = Greedy(constrain=_bind(constraint, inputs))
+  state = _reference(search, step_fn, first_log_probs, cache, max_decode_len, 0.0, limit, None)
   return state.out, state.step
 
 
@@ -363,6 +382,8 @@ class Predictor:
   batch sorted by source length still spreads over many output lengths, and a beam search with
   α > 0 runs until its last sentence cannot improve: without this, most rows of a batch's last
   blocks would be finished sentences carried along. α is traced, the beam size static.
+  `constraint(log_probs, prefixes, limit, inputs [b, s])`, if given, constrains every step (module
+  docstring).
   """
 
   def __init__(
@@ -375,11 +396,13 @@ class Predictor:
       compact: bool = True,
       min_rows: int = 8,
       shrink: int = 2,
+      constraint: Callable | None = None,
   ):
     _check_beam_size(beam_size)
     self.config, self.max_decode_extra = config, max_decode_extra
     self.beam_size, self.alpha, self.block = beam_size, alpha, block
     self.compact, self.min_rows, self.shrink = compact, min_rows, shrink
+    self.constraint = constraint
     self.decoder = IncrementalDecoder(config)
     self._start = jax.jit(self._start_impl, static_argnames=("beam_size", "n", "end"))
     self._block = jax.jit(self._block_impl, static_argnames=("beam_size", "end"))
@@ -389,7 +412,7 @@ class Predictor:
     """Encodes, runs the first step and the first block (`_block_impl`) of a batch."""
     log_probs, beams, sentence = self.decoder.start(params, inputs, end)
     limit = output_limits(inputs, self.max_decode_extra, n)
-    search = _search(beam_size)
+    search = _search(beam_size, _bind(self.constraint, inputs))
     state = search.init(log_probs, limit, n, alpha)
     if beam_size > 1:
       beams = self.decoder.add_beams(beams, beam_size)
@@ -402,7 +425,7 @@ class Predictor:
     done [b], steps run so far, the best tokens so far [b, n])."""
     if keep is not None:
       carry = jax.tree.map(lambda x: x if x.ndim == 0 else x[keep], carry)
-    search = _search(beam_size)
+    search = _search(beam_size, _bind(self.constraint, carry.inputs))
     step_fn = self.decoder.step_fn(params, carry.inputs, carry.sentence)
     beams = self.decoder.grow(carry.beams, end, beam_size)
     state, beams = run_steps(search, step_fn, carry.state, beams, alpha, end, exit_at)
@@ -486,8 +509,12 @@ class Predictor:
     return len(self.signatures)
 
 
-def _search(beam_size: int) -> Greedy | Beam:
-  return Greedy() if beam_size == 1 else Beam(beam_size)
+def _search(beam_size: int, constrain: Callable | None = None) -> Greedy | Beam:
+  return Greedy(constrain=constrain) if beam_size == 1 else Beam(beam_size, constrain)
+
+
+def _bind(constraint: Callable | None, inputs: jax.Array) -> Callable | None:
+  return None if constraint is None else functools.partial(constraint, inputs=inputs)
 
 
 def _check_beam_size(beam_size: int):

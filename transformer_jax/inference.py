@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpoint, decode, errors, sharding, xla_flags
+from transformer_jax import checkpoint, decode, errors, sharding, tree_constraint, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -43,9 +43,15 @@ CHECKPOINT_CHOICES = "a step number, 'latest', 'avg' or 'auto'"
 DEFAULT_BATCH_TOKENS = 2048
 
 
-def load_config(workdir: str, beam_size: int | None = None, alpha: float | None = None):
+def load_config(
+    workdir: str,
+    beam_size: int | None = None,
+    alpha: float | None = None,
+    tree_constraints: bool | None = None,
+):
   """The run's saved config (on top of today's defaults), set up to decode on this machine's
-  devices: batch split over all of them, parameters replicated."""
+  devices: batch split over all of them, parameters replicated; the eval settings given
+  override the run's."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise errors.UserError(f"{workdir} has no config.json: is it the --workdir of a training run?")
@@ -57,6 +63,8 @@ def load_config(workdir: str, beam_size: int | None = None, alpha: float | None 
     config.eval.beam_size = beam_size
   if alpha is not None:
     config.eval.alpha = alpha
+  if tree_constraints is not None:
+    config.eval.tree_constraints = tree_constraints
   config_lib.validate(config)
   xla_flags.apply(config.xla_flags)  # no-op once JAX has started (e.g. after training in-process)
   return config
@@ -325,14 +333,16 @@ def load_run(
     beam_size: int | None = None,
     alpha: float | None = None,
     devices: Sequence[jax.Device] | None = None,
+    tree_constraints: bool | None = None,
 ) -> LoadedRun:
   """Config, vocabulary and parameters of the training run in `workdir`, ready to translate.
 
   `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto" (what the
   run's final evaluation used; see `resolve_checkpoint`). `beam_size`/`alpha` override the run's
-  eval settings (the defaults of `translate_*`).
+  eval settings (the defaults of `translate_*`), and `tree_constraints` its
+  `eval.tree_constraints` (parsing runs: tree_constraint.py).
   """
-  config = load_config(workdir, beam_size, alpha)
+  config = load_config(workdir, beam_size, alpha, tree_constraints)
   try:
     tokenizer = pipeline.load_workdir_tokenizer(workdir)
   except (FileNotFoundError, ValueError) as e:
@@ -355,5 +365,6 @@ def load_run(
       config.eval.max_decode_extra,
       config.eval.beam_size,
       config.eval.alpha,
+      constraint=tree_constraint.from_config(config, tokenizer),
   )
   return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)

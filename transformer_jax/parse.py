@@ -1,7 +1,7 @@
 """Parse sentences with a trained §6.3 parsing run: one sentence in, one bracketed tree out.
 
   python -m transformer_jax.parse --workdir DIR [--checkpoint auto|STEP|latest|avg]
-      [--beam_size 21] [--alpha 0.3] < sentences.txt > trees.mrg
+      [--beam_size 21] [--alpha 0.3] [--[no]tree_constraints] < sentences.txt > trees.mrg
   python -m transformer_jax.parse --workdir DIR --input sentences.txt --output trees.mrg
 
 Each input line is one sentence, tokenized as the Penn Treebank is (words separated by spaces:
@@ -12,8 +12,9 @@ under a TOP node, as EVALB reads it:
     (TOP (S (NP (DT The) (NN company) (POS 's) (NNS shares)) (VP (VBD rose) ...) (. .)))
 
 The search is the run's (§6.3: beam 21, α 0.3, output length up to input + 300) unless the flags
-say otherwise; an output that is not a well-formed tree is repaired by data/trees.py's rule, and
-how many were is printed to stderr. The whole input is checked before the model is loaded: an
+say otherwise; `--tree_constraints` makes it write only well-formed trees over the sentence's
+words (tree_constraint.py; default: the run's `eval.tree_constraints`). An output that is not a
+well-formed tree is repaired by data/trees.py's rule, and how many were is printed to stderr. The whole input is checked before the model is loaded: an
 empty line, a line with more words than the model reads (config.data.max_len - 1) or a line that
 is not UTF-8 stops the program with one `error:` line naming the line.
 """
@@ -38,6 +39,11 @@ def _define_flags():
   )
   flags.DEFINE_integer("beam_size", None, "Beam size (1 = greedy); default: the run's.")
   flags.DEFINE_float("alpha", None, "Length penalty α; default: the run's.")
+  flags.DEFINE_bool(
+      "tree_constraints",
+      None,
+      "Decode only well-formed trees over the input's words; default: the run's.",
+  )
   flags.DEFINE_string("input", None, "Input file (default: standard input).")
   flags.DEFINE_string("output", None, "Output file (default: standard output).")
 
@@ -79,7 +85,7 @@ def main(argv):
   args = cli.workdir_args(argv)
   from transformer_jax import inference  # heavy (JAX); keeps --help fast
 
-  config = inference.load_config(args.workdir, args.beam_size, args.alpha)
+  config = inference.load_config(args.workdir, args.beam_size, args.alpha, args.tree_constraints)
   if config.data.source != "ptb":
     raise errors.UserError(
         f"--workdir={args.workdir} is a run of data.source={config.data.source!r}, not a parsing "
@@ -93,13 +99,17 @@ def main(argv):
       raise errors.UserError(f"--input={args.input}: {e.strerror}") from None
   else:
     sentences = read_sentences(sys.stdin.buffer, "standard input", config.data.max_len - 1)
-  run = inference.load_run(args.workdir, args.checkpoint, args.beam_size, args.alpha)
+  run = inference.load_run(
+      args.workdir, args.checkpoint, args.beam_size, args.alpha,
+      tree_constraints=args.tree_constraints,
+  )  # fmt: skip
   logging.info(
-      "parsing %d sentences with %s (beam %d, α %g)",
+      "parsing %d sentences with %s (beam %d, α %g, tree constraints %s)",
       len(sentences),
       run.checkpoint,
       run.beam_size,
       run.alpha,
+      run.config.eval.tree_constraints,
   )
   restored = parse_sentences(run, sentences)
   text = "".join(f"{r.tree}\n" for r in restored)

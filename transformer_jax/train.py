@@ -41,6 +41,7 @@ from transformer_jax import (
     parsing,
     preemption,
     sharding,
+    tree_constraint,
     workdir_lock,
     xla_flags,
 )
@@ -177,7 +178,9 @@ class Trainer:
       config: ml_collections.ConfigDict,
       model_config: TransformerConfig,
       devices: list[jax.Device] | None = None,
+      constraint: tree_constraint.TreeConstraint | None = None,
   ):
+    """`constraint`: the searches' (parsing runs with `eval.tree_constraints`)."""
     self.config = config
     self.model_config = model_config
     self.mesh = sharding.make_mesh(config.mesh, devices)
@@ -228,7 +231,11 @@ class Trainer:
         out_shardings=self.replicated,
     )
     self.predictor = decode_lib.Predictor(
-        model_config, config.eval.max_decode_extra, config.eval.beam_size, config.eval.alpha
+        model_config,
+        config.eval.max_decode_extra,
+        config.eval.beam_size,
+        config.eval.alpha,
+        constraint=constraint,
     )
 
   @property
@@ -563,7 +570,8 @@ def _open_run(config: ml_collections.ConfigDict, workdir: str, devices) -> _Run:
   iterator, the checkpoint manager and the run's clock."""
   dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
   model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
-  trainer = Trainer(config, model_config, devices)
+  constraint = tree_constraint.from_config(config, dataset.tokenizer)
+  trainer = Trainer(config, model_config, devices, constraint)
   try:
     train_iter = batching.BatchIterator(
         dataset.splits["train"].examples,

@@ -1,7 +1,7 @@
 """Chooses beam size and length penalty α on the development set, as §6.1 did, then scores test.
 
   python -m transformer_jax.tune_decoding --workdir DIR [--alphas 0.6,0.8,1.0,1.2]
-      [--beam_sizes 4] [--checkpoint auto]
+      [--beam_sizes 4] [--checkpoint auto] [--tree_constraints false,true]
 
 §6.1: beam size and α "were chosen after experimentation on the development set". For each
 (beam size, α) pair the run's whole validation split (`config.data.eval_split`) is decoded and
@@ -9,9 +9,10 @@ scored with sacreBLEU; the pair with the best validation BLEU (on ties the small
 smaller α) then decodes the test split once. Prints one JSON line and writes it to
 `DIR/decoding_sweep.json`, with the test translations in `DIR/test_translations.tuned.txt`. A
 parsing run (§6.3, data.source=ptb) is scored by EVALB's F1 instead (parsing.py), and its test
-parses go to `DIR/test_trees.tuned.mrg` (§6.3 chose the beam size on section 22). Put
-the chosen values in the config (`eval.beam_size`, `eval.alpha`) so the run's own final
-evaluation uses them.
+parses go to `DIR/test_trees.tuned.mrg` (§6.3 chose the beam size on section 22); with
+`--tree_constraints false,true` it also tries the search with and without
+`eval.tree_constraints` (tree_constraint.py; on ties, without). Put the chosen values in the
+config (`eval.beam_size`, `eval.alpha`, ...) so the run's own final evaluation uses them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def _define_flags():
       "beam_sizes", "", "Comma-separated beam sizes to try; default: the run's (eval.beam_size)."
   )
   flags.DEFINE_string("checkpoint", "auto", "Which parameters (see inference.load_run).")
+  flags.DEFINE_string(
+      "tree_constraints",
+      "",
+      "Parsing runs: comma-separated true/false values of eval.tree_constraints to try; "
+      "default: the run's.",
+  )
 
 
 def _score(hypotheses: list[str], references: list[str]) -> dict:
@@ -42,13 +49,19 @@ def _score(hypotheses: list[str], references: list[str]) -> dict:
 
 
 def tune(
-    workdir: str, alphas: list[float], beam_sizes: list[int] | None = None, which: str = "auto"
+    workdir: str,
+    alphas: list[float],
+    beam_sizes: list[int] | None = None,
+    which: str = "auto",
+    tree_constraints: list[bool] | None = None,
 ) -> dict:
   """Validation BLEU for each (beam size, α), the best pair, and the test scores decoded with it.
 
   `beam_sizes` None or empty: the run's own `eval.beam_size` only. The run is loaded once; α is
   an argument of its compiled search, so the search compiles once per (batch shape, beam size)
-  however many α are tried (`search_compilations` in the result).
+  however many α are tried (`search_compilations` in the result). `tree_constraints` (parsing
+  runs only; None or empty: the run's own setting) are the values of `eval.tree_constraints`
+  to try.
   """
   from transformer_jax import inference  # heavy (JAX); keeps --help fast
   from transformer_jax.data import pipeline
@@ -60,16 +73,24 @@ def tune(
   if beam_sizes and any(k < 1 for k in beam_sizes):
     raise errors.UserError(f"--beam_sizes={beam_sizes}: a beam size must be >= 1")
   run = inference.load_run(workdir, which)
+  if tree_constraints and run.config.data.source != "ptb":
+    raise errors.UserError("--tree_constraints applies to parsing runs (data.source='ptb') only")
   dataset = pipeline.load_dataset(run.config, workdir)  # reuses the run's vocabulary
   valid, test = dataset.splits["eval"], dataset.splits["test"]
   lang = run.config.data.target_lang
   beams = list(beam_sizes) if beam_sizes else [run.beam_size]
 
-  def decode(beam, alpha, split):
+  def decode(beam, alpha, split, run=run):
     return run.translate_ids([s for s, _ in split.examples], beam_size=beam, alpha=alpha)
 
   if run.config.data.source == "ptb":  # §6.3: beam and α chosen on validation F1 (EVALB)
-    return _tune_parsing(workdir, run, decode, valid, test, alphas, beams)
+    runs = {run.config.eval.tree_constraints: run}
+    for value in tree_constraints or []:
+      if value not in runs:
+        runs[value] = inference.load_run(workdir, which, tree_constraints=value)
+    if tree_constraints:
+      runs = {value: runs[value] for value in tree_constraints}
+    return _tune_parsing(workdir, runs, decode, valid, test, alphas, beams)
 
   sweep = []
   for beam in beams:
@@ -129,28 +150,48 @@ def _chosen(workdir, run, sweep: list[dict], best: dict) -> dict:
   }
 
 
-def _tune_parsing(workdir, run, decode, valid, test, alphas, beams) -> dict:
-  """`tune` for a parsing run: validation F1 per (beam, α); test_trees.tuned.mrg."""
+def _tune_parsing(workdir, runs: dict, decode, valid, test, alphas, beams) -> dict:
+  """`tune` for a parsing run: validation F1 per (tree constraints, beam, α), `runs` holding
+  the loaded run for each `eval.tree_constraints` value to try; test_trees.tuned.mrg."""
   from transformer_jax import parsing
   from transformer_jax.data import trees
 
+  run = next(iter(runs.values()))
   linearization = trees.Linearization.from_config(run.config.data)
   sweep = []
-  for beam in beams:
-    for alpha in alphas:
-      scores = parsing.scores(decode(beam, alpha, valid), valid.pairs, linearization)[0]
-      sweep.append({"beam_size": beam, "alpha": alpha, "valid_f1": scores["f1"]})
-      logging.info("beam %d, α=%g: validation F1 %.2f", beam, alpha, scores["f1"])
-  best = max(sweep, key=lambda r: (r["valid_f1"], -r["beam_size"], -r["alpha"]))
-  hypotheses = decode(best["beam_size"], best["alpha"], test)
+  for constrained, loaded in runs.items():
+    for beam in beams:
+      for alpha in alphas:
+        hypotheses = decode(beam, alpha, valid, loaded)
+        scores = parsing.scores(hypotheses, valid.pairs, linearization)[0]
+        sweep.append(
+            {
+                "tree_constraints": constrained,
+                "beam_size": beam,
+                "alpha": alpha,
+                "valid_f1": scores["f1"],
+                "valid_repaired": scores["repaired"],
+            }
+        )
+        logging.info(
+            "tree constraints %s, beam %d, α=%g: validation F1 %.2f (%d repaired)",
+            constrained, beam, alpha, scores["f1"], scores["repaired"],
+        )  # fmt: skip
+  best = max(
+      sweep,
+      key=lambda r: (r["valid_f1"], -r["tree_constraints"], -r["beam_size"], -r["alpha"]),
+  )
+  chosen = runs[best["tree_constraints"]]
+  hypotheses = decode(best["beam_size"], best["alpha"], test, chosen)
   test_scores = parsing.test_results(
       hypotheses, test.pairs, linearization, workdir, trees_file="test_trees.tuned.mrg"
   )
   result = {
-      **_chosen(workdir, run, sweep, best),
+      **_chosen(workdir, chosen, sweep, best),
+      "best_tree_constraints": best["tree_constraints"],
       **test_scores,
       "test_sentences": len(test.pairs),
-      "search_compilations": run.predictor.searches(),
+      "search_compilations": sum(r.predictor.searches() for r in runs.values()),
   }
   files.atomic_write(
       os.path.join(workdir, "decoding_sweep.json"),
@@ -168,11 +209,20 @@ def _parse_list(name: str, text: str, kind: type) -> list:
     ) from None
 
 
+def boolean(text: str) -> bool:
+  """true/false (or 1/0), any case."""
+  value = {"true": True, "1": True, "false": False, "0": False}.get(text.strip().lower())
+  if value is None:
+    raise ValueError(text)
+  return value
+
+
 def main(argv):
   args = cli.workdir_args(argv)
   alphas = _parse_list("alphas", args.alphas, float)
   beam_sizes = _parse_list("beam_sizes", args.beam_sizes, int)
-  print(json.dumps(tune(args.workdir, alphas, beam_sizes, args.checkpoint)))
+  constraints = _parse_list("tree_constraints", args.tree_constraints, boolean)
+  print(json.dumps(tune(args.workdir, alphas, beam_sizes, args.checkpoint, constraints)))
   return 0
 
 

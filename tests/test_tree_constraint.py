@@ -1,0 +1,212 @@
+"""Constrained decoding for parsing (tree_constraint.py): the legal tokens are exactly those of
+the documented rule, every gold tree is legal, and the searches then write only trees that
+restore with no repair, over exactly the input's words."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from testing import random_params
+
+from transformer_jax import decode
+from transformer_jax.data import ptb, trees
+from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, RESERVED_TOKENS
+from transformer_jax.model import TransformerConfig
+from transformer_jax.tree_constraint import CLOSE, OPEN, TAG, WORD, TreeConstraint, token_kind
+
+TREES = """
+( (S (NP-SBJ (NNP Pierre) (NNP Vinken) ) (VP (MD will) (VP (VB join) (NP (DT the) (NN board) )
+  (PP-CLR (IN as) (NP (DT a) (JJ nonexecutive) (NN director) )))) (. .) ))
+( (S (NP-SBJ (NNP Mr.) (NNP Vinken) ) (VP (VBZ is) (NP-PRD (NP (NN chairman) ) (PP (IN of)
+  (NP (NNP Elsevier) (NNP N.V.) )))) (. .) ))
+( (S (NP-SBJ (-NONE- *-1) ) (VP (VBD rose) (ADVP (RB sharply) )) (. .) ))
+( (FRAG (NP (JJ Tough) (NNS times) ) (. !) ))
+( (SINV (VP (VBZ Is) ) (NP-SBJ (PRP it) ) (ADJP-PRD (JJ true) ) (. ?) ))
+"""
+N, S = 64, 24  # output and source lengths of the batches below (one compiled shape each)
+
+
+def _setup(closing, words):
+  tree_list = [trees.preprocess(t) for t in trees.parse_trees(TREES)]
+  tokenizer = ptb.build_vocabulary(tree_list, closing, 200)
+  # Every word of these trees in the vocabulary, so that ids and tokens map one to one.
+  vocab = tokenizer.words + sorted({w for t in tree_list for w in t.words()} - set(tokenizer.words))
+  tokenizer = type(tokenizer)(vocab)
+  tokens = list(RESERVED_TOKENS) + tokenizer.words
+  constraint = TreeConstraint.for_vocabulary(tokens, closing, words)
+  return tree_list, tokenizer, tokens, constraint
+
+
+def _pad(ids, length):
+  return np.array(ids + [PAD_ID] * (length - len(ids)), np.int32)
+
+
+def reference_legal(tokens, prefix, source_words, closing, words, limit=N):
+  """The module docstring's rule, over a stack: the set of legal next token ids."""
+  stack, written, last, run = [], 0, None, 0
+  for t in prefix:
+    kind = token_kind(tokens[t])
+    run = run + 1 if kind == OPEN else 0
+    if kind == OPEN:
+      stack.append(tokens[t][1:])
+    elif kind == CLOSE:
+      stack.pop()
+    written += kind == (WORD if words else TAG)
+    last = kind
+  pending = words and last == WORD
+  remaining = written < len(source_words)
+  legal = set()
+  for i, token in enumerate(tokens):
+    kind = token_kind(token)
+    if pending:
+      ok = kind == TAG
+    elif kind == OPEN:  # room to close it, and for every word left, after it
+      left = len(source_words) - written
+      fits = len(prefix) + 2 + len(stack) + (2 if words else 1) * left + 1 <= limit
+      ok = remaining and fits and run < 10
+    elif kind == TAG and not words:
+      ok = remaining
+    elif kind == CLOSE:
+      ok = bool(stack) and last != OPEN and token == (")" + stack[-1] if closing == "labeled" else ")")
+    elif words and kind == WORD:
+      ok = remaining and i == source_words[written]
+    else:
+      ok = i == EOS_ID and not remaining and not stack
+    if ok:
+      legal.add(i)
+  return legal
+
+
+@functools.cache
+def _legal_fn(constraint):
+  return jax.jit(constraint.legal)
+
+
+@pytest.mark.parametrize("closing", ["labeled", "bare"])
+@pytest.mark.parametrize("words", [False, True], ids=["tags", "words"])
+def test_every_prefix_of_every_gold_tree_is_legal_and_eos_comes_last(closing, words):
+  tree_list, tokenizer, tokens, constraint = _setup(closing, words)
+  linearization = trees.Linearization(closing, words)
+  known = set(tokenizer.words)
+  for tree in tree_list:
+    source = ptb.encode_words(tokenizer, known, tree.words()) + [EOS_ID]
+    target = ptb.encode_words(tokenizer, known, linearization.tokens(tree)) + [EOS_ID]
+    prefixes = np.stack([_pad(target[:i], N) for i in range(len(target))])  # [t, n]
+    inputs = np.broadcast_to(_pad(source, S), (len(target), S))
+    limits = np.full(len(target), N, np.int32)
+    legal = np.asarray(_legal_fn(constraint)(prefixes, limits, inputs))  # [t, v]
+    assert legal[np.arange(len(target)), target].all(), tree
+    # After the last word's tag and the last closing bracket, EOS is the one legal token.
+    assert np.flatnonzero(legal[-1]).tolist() == [EOS_ID]
+    for i in range(len(target)):  # the rule, step by step, as the reference computes it
+      expected = reference_legal(tokens, target[:i], source[:-1], closing, words)
+      assert set(np.flatnonzero(legal[i]).tolist()) == expected, (tree, i)
+
+
+@pytest.mark.parametrize("closing", ["labeled", "bare"])
+@pytest.mark.parametrize("words", [False, True], ids=["tags", "words"])
+def test_random_walks_match_the_reference_and_restore_without_repair(closing, words):
+  """Prefixes no gold tree has: legal tokens chosen at random (a kind first, then a token), under
+  limits from the tightest the sentence's words allow up: every walk ends within its limit, and
+  runs of openings stop at 10."""
+  tree_list, tokenizer, tokens, constraint = _setup(closing, words)
+  rng = np.random.default_rng(0)
+  kinds = np.array([token_kind(t) for t in tokens])
+  for walk in range(12):
+    sentence = tree_list[walk % len(tree_list)].words()[: 1 + walk % 6]
+    source = tokenizer.encode(" ".join(sentence)) + [EOS_ID]
+    limit = (2 if words else 1) * len(sentence) + 1 + walk % 4 * 3 + (walk % 3 == 0) * 30
+    prefix = []
+    while not prefix or prefix[-1] != EOS_ID:
+      args = _pad(prefix, N)[None], np.array([limit], np.int32), _pad(source, S)[None]
+      legal = np.asarray(_legal_fn(constraint)(*args))[0]
+      expected = reference_legal(tokens, prefix, source[:-1], closing, words, limit)
+      assert set(np.flatnonzero(legal).tolist()) == expected, (walk, prefix)
+      choices = np.flatnonzero(legal)
+      kind = rng.choice(sorted(set(kinds[choices])))
+      if walk % 3 == 0 and OPEN in kinds[choices]:  # endless openings, as an untrained model
+        kind = OPEN
+      prefix.append(int(rng.choice(choices[kinds[choices] == kind])))
+      assert len(prefix) <= limit
+    longest = max(len(r) for r in "".join("o" if kinds[t] == OPEN else " " for t in prefix).split(" "))
+    assert longest <= 10 and (walk % 3 or longest == 10), (walk, longest)
+    restored = trees.Linearization(closing, words).restore(
+        tokenizer.decode(prefix).split(), sentence
+    )
+    assert restored.repairs == 0 and restored.tree.words() == sentence
+
+
+def test_renormalizes_over_the_legal_tokens():
+  _, tokenizer, tokens, constraint = _setup("labeled", True)
+  source = _pad(tokenizer.encode("Pierre Vinken") + [EOS_ID], S)[None]
+  log_probs = jax.nn.log_softmax(np.random.default_rng(0).normal(size=(1, len(tokens))))
+  constraint = functools.partial(constraint, limit=np.array([N], np.int32), inputs=source)
+  # After "(S (NP": the word "Pierre" or a phrase opening, nothing else.
+  out = np.asarray(constraint(log_probs, _pad(tokenizer.encode("(S (NP"), N)[None]))[0]
+  legal = np.flatnonzero(out > -np.inf)
+  opening = [i for i, t in enumerate(tokens) if token_kind(t) == OPEN]
+  assert sorted(legal.tolist()) == sorted(opening + tokenizer.encode("Pierre"))
+  kept = np.asarray(log_probs)[0, legal]
+  np.testing.assert_allclose(out[legal], kept - np.logaddexp.reduce(kept), rtol=1e-5)
+  # After "(S (NP Pierre": any tag, and nothing else.
+  out = np.asarray(constraint(log_probs, _pad(tokenizer.encode("(S (NP Pierre"), N)[None]))
+  assert np.flatnonzero(out[0] > -np.inf).tolist() == [i for i, t in enumerate(tokens) if token_kind(t) == TAG]
+  # Every word tagged: the innermost phrase's closing bracket is the one legal token, free.
+  done = _pad(tokenizer.encode("(S (NP Pierre (NNP) Vinken (NNP)"), N)[None]
+  out = np.asarray(constraint(log_probs, done))[0]
+  assert np.flatnonzero(out > -np.inf).tolist() == tokenizer.encode(")NP")
+  assert out[tokenizer.encode(")NP")[0]] == pytest.approx(0.0)
+
+
+def test_a_prefix_with_no_legal_token_gets_minus_infinity_not_nan():
+  """A beam's empty hypotheses (-inf) carry arbitrary tokens: e.g. a closing bracket first."""
+  _, tokenizer, tokens, constraint = _setup("labeled", False)
+  source = _pad(tokenizer.encode("Pierre") + [EOS_ID], S)[None]
+  prefix = _pad(tokenizer.encode(")NP (NNP)"), N)[None]  # depth -1, no word left
+  log_probs = np.zeros((1, len(tokens)), np.float32)
+  out = np.asarray(constraint(log_probs, prefix, np.array([N], np.int32), source))
+  assert np.all(out == -np.inf)
+
+
+def test_a_vocabulary_without_a_closing_token_is_an_error():
+  with pytest.raises(ValueError, match=r"has '\(NP' but not its closing token '\)NP'"):
+    TreeConstraint.for_vocabulary(list(RESERVED_TOKENS) + ["(NP", "(NN)", ")VP"], "labeled", False)
+
+
+@pytest.mark.parametrize("words, beam_size", [(False, 1), (True, 3)], ids=["tags-greedy", "words-beam"])
+def test_searches_write_only_well_formed_trees_and_agree(words, beam_size):
+  """A random (untrained) model: unconstrained, it writes anything; constrained, every output
+  restores with no repair, over the input's words, and the fast search equals the reference."""
+  tree_list, tokenizer, tokens, constraint = _setup("labeled", words)
+  config = TransformerConfig(
+      vocab_size=len(tokens), d_model=32, num_heads=4, num_layers=1, d_ff=64, max_len=64,
+      deterministic=True,
+  )  # fmt: skip
+  params = random_params(config)
+  sentences = [t.words()[:6] for t in tree_list] * 2
+  inputs = np.stack([_pad(tokenizer.encode(" ".join(s)) + [EOS_ID], 8) for s in sentences])
+  extra = 40
+  predictor = decode.Predictor(config, extra, beam_size, alpha=0.6, constraint=constraint)
+  outputs, _ = predictor.search(params, inputs)
+  linearization = trees.Linearization("labeled", words)
+  for sentence, out in zip(sentences, outputs):
+    restored = linearization.restore(tokenizer.decode(out).split(), sentence)
+    assert restored.repairs == 0 and restored.tree.words() == sentence
+    if words:  # the word tokens are the input's, in order
+      written = [t for t in out.tolist() if token_kind(tokens[t]) == WORD]
+      assert written == tokenizer.encode(" ".join(sentence))
+  unconstrained = decode.Predictor(config, extra, beam_size, alpha=0.6).search(params, inputs)[0]
+  assert sum(
+      linearization.restore(tokenizer.decode(o).split(), s).repairs > 0
+      for s, o in zip(sentences, unconstrained)
+  ) > 0  # the constraint is what makes them well formed
+  n = outputs.shape[1]
+  limit = decode.output_limits(inputs, extra, n)
+  decoder = predictor.decoder
+  if beam_size == 1:
+    expected = decode.greedy_search(decoder, params, inputs, n, limit, constraint)[0]
+  else:
+    expected = decode.beam_search(decoder, params, inputs, n, beam_size, 0.6, limit, constraint)
+    expected = expected[0][:, 0]
+  np.testing.assert_array_equal(outputs, expected)

@@ -1,0 +1,156 @@
+"""Decoding that can only write well-formed trees over the input's words (§6.3 parsing runs).
+
+`config.eval.tree_constraints` (off by default; not in the paper: §6.3 and Vinyals et al. 2015
+decode freely and repair what comes out): at every step of the greedy or beam search, the tokens
+that would leave the output something other than a prefix of a well-formed linearization
+(data/trees.py) over the input sentence get probability 0, and the model's distribution over the
+rest is renormalized (so a step with one legal token costs nothing). Given the tokens written so
+far, a token is legal if it is
+
+  * an opening bracket `(NP`: while words remain (no phrase is opened that could hold none), and
+    only if the output can still end within the sentence's limit (input + `max_decode_extra`)
+    after it: one more bracket to close, and every remaining word and tag, fit; at most
+    `max_open_run` (10) in a row (the Penn Treebank sample's longest run is 6: this only stops
+    a model's endless unary chains, `(NX (NX (NX ...`);
+  * a tag `(NNP)`: without words in the output, while words remain; with them
+    (`data.tree_words`), right after a word and only then;
+  * a word (`data.tree_words` only): the input's next word itself (its token id), when no word
+    waits for its tag — the model chooses where words go, never which;
+  * a closing bracket: the innermost open phrase's own (`)NP` for `(NP`; `)` when closings are
+    bare), once that phrase holds a word;
+  * EOS: once every word is written and tagged and every phrase closed.
+
+Anything else (reserved ids, other words) is never legal. There is always a legal token, and
+every output restores with no repair (data/trees.py) as long as the limit leaves room for the
+sentence's own tree: a tag per word (two tokens per word with `data.tree_words`) and EOS, which
+§6.3's input + 300 does for every sentence up to 300 words. The state is recomputed from each
+hypothesis' tokens (depth, words written, innermost phrase), so the searches carry nothing new:
+`decode.Greedy` and `decode.Beam` call the constraint on their prefixes as they are.
+
+Shapes: v vocabulary, n output length, s source length; leading axes `...` are the hypotheses
+([b] for greedy, [b, k] for beam search).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS
+
+# The kinds of token ids.
+OTHER, OPEN, CLOSE, TAG, WORD = range(5)
+
+
+def token_kind(token: str) -> int:
+  """The kind of a vocabulary entry: tree tokens (data/trees.py) by their brackets; `<unk>` is a
+  word (an input word the vocabulary lacks)."""
+  if token in RESERVED_TOKENS[: BOS_ID + 1]:  # <pad>, </s>, <s>
+    return OTHER
+  if len(token) > 2 and token[0] == "(" and token[-1] == ")":
+    return TAG
+  if token[0] == "(":
+    return OPEN
+  if token[0] == ")":
+    return CLOSE
+  return WORD
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TreeConstraint:
+  """The legal next tokens of linearized trees (module docstring) over a vocabulary.
+
+  Called as `constraint(log_probs [..., v], prefixes [..., n], limit [b], inputs [b, s])`, it
+  returns the log-probabilities renormalized over the legal tokens (-inf elsewhere). `prefixes`
+  are each hypothesis' tokens so far, PAD after them; `limit` each sentence's maximum output
+  length (EOS included); `inputs` the batch's source ids, whose words (all but PAD and EOS) the
+  output must cover.
+  """
+
+  kinds: np.ndarray  # [v] int32: OTHER, OPEN, CLOSE, TAG or WORD
+  closing: np.ndarray  # [v] int32: an opening bracket's closing token id; -1 for other tokens
+  words: bool  # data.tree_words: each word is written before its tag
+  max_open_run: int = 10  # opening brackets in a row, at most
+
+  @classmethod
+  def for_vocabulary(cls, tokens: Sequence[str], closing: str, words: bool) -> TreeConstraint:
+    """From the run's vocabulary (id -> token) and its linearization (`data.tree_closing`,
+    `data.tree_words`). A vocabulary without the closing token of one of its phrases is not a
+    tree vocabulary: ValueError."""
+    ids = {token: i for i, token in enumerate(tokens)}
+    kinds = np.array([token_kind(t) for t in tokens], np.int32)
+    closes = np.full(len(tokens), -1, np.int32)
+    for i in np.flatnonzero(kinds == OPEN):
+      close = ")" + tokens[i][1:] if closing == "labeled" else ")"
+      if close not in ids:
+        raise ValueError(f"the vocabulary has {tokens[i]!r} but not its closing token {close!r}")
+      closes[i] = ids[close]
+    return cls(kinds, closes, words)
+
+  def __call__(self, log_probs, prefixes, limit, inputs) -> jax.Array:
+    legal = self.legal(prefixes, limit, inputs)
+    kept = jnp.where(legal, log_probs.astype(jnp.float32), -jnp.inf)
+    # -inf, not NaN, where nothing is legal: the prefixes of a beam's empty (-inf) hypotheses,
+    # made of whatever tokens filled its top-k, follow no rule.
+    return jnp.where(legal, kept - jax.nn.logsumexp(kept, axis=-1, keepdims=True), -jnp.inf)
+
+  def legal(self, prefixes: jax.Array, limit: jax.Array, inputs: jax.Array) -> jax.Array:
+    """[..., v] bool: the tokens that may follow each prefix [..., n]."""
+    kinds_table, closing_table = jnp.asarray(self.kinds), jnp.asarray(self.closing)
+    n = prefixes.shape[-1]
+    per_row = (1,) * (prefixes.ndim - 2)  # the beam axis, if any
+    src = inputs.reshape(inputs.shape[:1] + per_row + inputs.shape[1:])  # [b, (1,) s]
+    limit = limit.reshape(limit.shape + per_row)  # [b, (1)]
+    kinds = kinds_table[prefixes]  # [..., n]
+    opens = kinds == OPEN
+    depth_after = jnp.cumsum(opens.astype(jnp.int32) - (kinds == CLOSE), axis=-1)  # [..., n]
+    depth = depth_after[..., -1]  # [...]: phrases open now
+    written = jnp.sum(kinds == (WORD if self.words else TAG), axis=-1)  # [...]
+    is_word = (src != PAD_ID) & (src != EOS_ID)  # [b, (1,) s]
+    words_left = jnp.sum(is_word, axis=-1) - written  # [...]
+    remaining = words_left > 0
+    length = jnp.sum(prefixes != PAD_ID, axis=-1)  # [...]: no legal token is PAD
+    last = jnp.where(length > 0, _at(kinds, jnp.maximum(length - 1, 0)), OTHER)  # [...]
+    before_run = jnp.max(jnp.where(~opens & (prefixes != PAD_ID), jnp.arange(n), -1), axis=-1)
+    open_run = length - 1 - before_run  # [...]: the opening brackets that end the prefix
+    # The innermost open phrase: the last opening bracket after which the depth is today's.
+    positions = jnp.where(opens & (depth_after == depth[..., None]), jnp.arange(n), -1)
+    innermost = jnp.max(positions, axis=-1)  # [...]; -1: none open
+    close = jnp.where(innermost >= 0, closing_table[_at(prefixes, innermost)], -1)  # [...]
+
+    pending = (last == WORD) if self.words else jnp.zeros_like(remaining)  # a word waits
+    free = ~pending
+    vocab = jnp.arange(self.kinds.shape[0])  # [v]
+    kind = kinds_table  # [v]
+    # The shortest end after an opening: its closing, the other closings, each word left (word
+    # and tag, or tag) and EOS.
+    fits = length + 1 + (depth + 1) + (2 if self.words else 1) * words_left + 1 <= limit
+    can_open = free & remaining & fits & (open_run < self.max_open_run)
+    legal = (kind == OPEN) & can_open[..., None]
+    if self.words:
+      next_word = _at(jnp.broadcast_to(src, prefixes.shape[:-1] + src.shape[-1:]), written)
+      legal |= (kind == TAG) & pending[..., None]
+      legal |= (vocab == next_word[..., None]) & (free & remaining)[..., None]
+    else:
+      legal |= (kind == TAG) & remaining[..., None]
+    legal |= (vocab == close[..., None]) & (free & (last != OPEN))[..., None]
+    legal |= (vocab == EOS_ID) & (free & ~remaining & (depth == 0))[..., None]
+    return legal  # [..., v]
+
+
+def _at(x: jax.Array, index: jax.Array) -> jax.Array:
+  """x [..., m] at index [...] (clipped to the last axis) -> [...]."""
+  index = jnp.clip(index, 0, x.shape[-1] - 1)
+  return jnp.take_along_axis(x, index[..., None], axis=-1)[..., 0]
+
+
+def from_config(config, tokenizer) -> TreeConstraint | None:
+  """The run's constraint (`config.eval.tree_constraints` on a parsing run), or None."""
+  if not config.eval.tree_constraints:
+    return None
+  tokens = list(RESERVED_TOKENS) + tokenizer.words
+  return TreeConstraint.for_vocabulary(tokens, config.data.tree_closing, config.data.tree_words)
