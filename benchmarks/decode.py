@@ -1,7 +1,8 @@
 """Decoding speed of a trained run: greedy and beam search on the same sentences, one JSON line.
 
   python benchmarks/decode.py --workdir DIR [--input FILE] [--beam_size 4] [--repeats 3]
-      [--batch_tokens 2048] [--block 16] [--engines jax,ctranslate2] [--threads N]
+      [--batch_tokens 2048] [--block 16] [--num_buckets 8] [--engines jax,ctranslate2]
+      [--threads N]
 
 Default input: the run's test split (e.g. Multi30k test2016 for configs/multi30k.py). The run is
 loaded once (parameters only, inference.py); each mode is timed `--repeats` times after a
@@ -51,6 +52,12 @@ _BATCH_TOKENS = flags.DEFINE_integer(
 _BLOCK = flags.DEFINE_integer(
     "block", None, "Cache length block of the search (default: decode.DEFAULT_BLOCK; 0: none)."
 )
+_NUM_BUCKETS = flags.DEFINE_integer(
+    "num_buckets",
+    None,
+    "Source lengths batches are padded to (default: the run's data.num_buckets, at most 8; "
+    "pipeline.eval_bucket_lengths): each is a search compiled.",
+)
 _ENGINES = flags.DEFINE_list("engines", ["jax"], "Engines to time: jax, ctranslate2 (export.py).")
 _QUANTIZATIONS = flags.DEFINE_list(
     "quantizations", ["float32", "int8"], "CTranslate2 weight types to time (export.py)."
@@ -74,6 +81,8 @@ def main(argv):
   from transformer_jax.data import pipeline
 
   run = inference.load_run(_WORKDIR.value, _CHECKPOINT.value)
+  if _NUM_BUCKETS.value is not None:
+    run.config.data.num_buckets = _NUM_BUCKETS.value
   if _BLOCK.value is not None:
     run.predictor = decode.Predictor(
         run.model_config, run.config.eval.max_decode_extra, block=_BLOCK.value or None
@@ -95,6 +104,7 @@ def main(argv):
       "alpha": run.alpha,
       "batch_tokens": batch_tokens,
       "block": run.predictor.block,
+      "bucket_lengths": list(pipeline.eval_bucket_lengths(run.config.data)),
   }
   modes = (("greedy", 1), (f"beam{_BEAM.value}", _BEAM.value))
   translations = {}  # mode -> the project's translations, to compare CTranslate2's with

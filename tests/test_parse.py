@@ -151,11 +151,12 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   # tune_decoding chooses beam and α on validation F1 for a parsing run.
   from transformer_jax import tune_decoding
 
-  tuned = tune_decoding.tune(str(workdir), [0.3, 1.0], beam_sizes=[1, 2])
-  assert len(tuned["sweep"]) == 4 and all("valid_f1" in r for r in tuned["sweep"])
-  chosen = (tuned["best_beam_size"], tuned["best_alpha"])
-  scores = {(r["beam_size"], r["alpha"]): r["valid_f1"] for r in tuned["sweep"]}
-  assert scores[chosen] == max(scores.values())
+  tuned = tune_decoding.tune(str(workdir), [0.3, 1.0], [1, 2], tree_constraints=[False, True])
+  assert len(tuned["sweep"]) == 8 and all("valid_f1" in r for r in tuned["sweep"])
+  chosen = (tuned["best_tree_constraints"], tuned["best_beam_size"], tuned["best_alpha"])
+  scores = {(r["tree_constraints"], r["beam_size"], r["alpha"]): r for r in tuned["sweep"]}
+  assert scores[chosen]["valid_f1"] == max(r["valid_f1"] for r in tuned["sweep"])
+  assert all(r["valid_repaired"] == 0 for r in tuned["sweep"] if r["tree_constraints"])
   assert "test_f1" in tuned and (workdir / "test_trees.tuned.mrg").is_file()
 
   sentences = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
@@ -172,3 +173,16 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   words = [parsing.sentence_words(line) for line in sentences.splitlines()]
   assert [trees.parse_trees(line)[0].words() for line in out] == words
   assert all(line.startswith("(TOP ") for line in out)
+
+  # The parse command with the constraint: well-formed trees over the input's words, none repaired.
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)]
+      + ["--tree_constraints", "--beam_size", "1"],
+      input=sentences.encode(),
+      capture_output=True,
+      cwd=REPO,
+      timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+  assert "; 0 outputs were not well-formed" in proc.stderr.decode()
+  assert [trees.parse_trees(line)[0].words() for line in proc.stdout.decode().splitlines()] == words

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from testing import random_params
 
-from transformer_jax import decode
+from configs import multi30k
+from transformer_jax import config as config_lib
+from transformer_jax import decode, tree_constraint
 from transformer_jax.data import ptb, trees
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, RESERVED_TOKENS
 from transformer_jax.model import TransformerConfig
@@ -56,10 +58,19 @@ def reference_legal(tokens, prefix, source_words, closing, words, limit=N):
     last = kind
   pending = words and last == WORD
   remaining = written < len(source_words)
+  # The tag of a punctuation word is a punctuation tag (or POS), no other word's is.
+  tagged = source_words[min(written - words, len(source_words) - 1)]
+  deleted = {f"({t})" for t in (",", ".", ":", "``", "''")}
+  if trees.punctuation_tag(tokens[tagged]) in {",", ".", ":", "``", "''"}:
+    tag_ok = deleted | {"(POS)"}
+  else:
+    tag_ok = {t for t in tokens if token_kind(t) == TAG} - deleted
   legal = set()
   for i, token in enumerate(tokens):
     kind = token_kind(token)
-    if pending:
+    if kind == TAG and token not in tag_ok:
+      ok = False
+    elif pending:
       ok = kind == TAG
     elif kind == OPEN:  # room to close it, and for every word left, after it
       left = len(source_words) - written
@@ -68,7 +79,8 @@ def reference_legal(tokens, prefix, source_words, closing, words, limit=N):
     elif kind == TAG and not words:
       ok = remaining
     elif kind == CLOSE:
-      ok = bool(stack) and last != OPEN and token == (")" + stack[-1] if closing == "labeled" else ")")
+      own = ")" + stack[-1] if stack and closing == "labeled" else ")"
+      ok = bool(stack) and last != OPEN and token == own
     elif words and kind == WORD:
       ok = remaining and i == source_words[written]
     else:
@@ -129,7 +141,8 @@ def test_random_walks_match_the_reference_and_restore_without_repair(closing, wo
         kind = OPEN
       prefix.append(int(rng.choice(choices[kinds[choices] == kind])))
       assert len(prefix) <= limit
-    longest = max(len(r) for r in "".join("o" if kinds[t] == OPEN else " " for t in prefix).split(" "))
+    runs = "".join("o" if kinds[t] == OPEN else " " for t in prefix).split(" ")
+    longest = max(len(r) for r in runs)
     assert longest <= 10 and (walk % 3 or longest == 10), (walk, longest)
     restored = trees.Linearization(closing, words).restore(
         tokenizer.decode(prefix).split(), sentence
@@ -149,14 +162,31 @@ def test_renormalizes_over_the_legal_tokens():
   assert sorted(legal.tolist()) == sorted(opening + tokenizer.encode("Pierre"))
   kept = np.asarray(log_probs)[0, legal]
   np.testing.assert_allclose(out[legal], kept - np.logaddexp.reduce(kept), rtol=1e-5)
-  # After "(S (NP Pierre": any tag, and nothing else.
+  # After "(S (NP Pierre": any tag but the punctuation tags, and nothing else.
   out = np.asarray(constraint(log_probs, _pad(tokenizer.encode("(S (NP Pierre"), N)[None]))
-  assert np.flatnonzero(out[0] > -np.inf).tolist() == [i for i, t in enumerate(tokens) if token_kind(t) == TAG]
+  tags = [i for i, t in enumerate(tokens) if token_kind(t) == TAG and t not in ("(.)", "(,)")]
+  assert np.flatnonzero(out[0] > -np.inf).tolist() == tags
   # Every word tagged: the innermost phrase's closing bracket is the one legal token, free.
   done = _pad(tokenizer.encode("(S (NP Pierre (NNP) Vinken (NNP)"), N)[None]
   out = np.asarray(constraint(log_probs, done))[0]
   assert np.flatnonzero(out > -np.inf).tolist() == tokenizer.encode(")NP")
   assert out[tokenizer.encode(")NP")[0]] == pytest.approx(0.0)
+
+
+def test_punctuation_words_get_punctuation_tags_and_no_other_word_does():
+  """EVALB deletes punctuation by each tree's tags: a `,` tagged NN, or a word tagged `.`, would
+  make it skip the sentence."""
+  _, tokenizer, tokens, constraint = _setup("labeled", False)
+  source = _pad(tokenizer.encode("Pierre ? Vinken .") + [EOS_ID], S)[None]
+  legal = functools.partial(_legal_fn(constraint), limit=np.array([N], np.int32), inputs=source)
+  punctuation = {"(.)", "(,)", "(POS)"} & set(tokens)
+  for prefix, words_before in [("(S (NP", 0), ("(S (NP (NNP)", 1), ("(S (NP (NNP) (.)", 2)]:
+    allowed = np.flatnonzero(np.asarray(legal(_pad(tokenizer.encode(prefix), N)[None]))[0])
+    tags = {tokens[i] for i in allowed if token_kind(tokens[i]) == TAG}
+    if words_before == 1:  # the next word is "?"
+      assert tags == punctuation
+    else:
+      assert tags and not tags & {"(.)", "(,)"} and "(NNP)" in tags
 
 
 def test_a_prefix_with_no_legal_token_gets_minus_infinity_not_nan():
@@ -169,12 +199,28 @@ def test_a_prefix_with_no_legal_token_gets_minus_infinity_not_nan():
   assert np.all(out == -np.inf)
 
 
+def test_the_config_switch_is_off_by_default_and_for_parsing_runs_only():
+  config = multi30k.get_config()
+  assert config.eval.tree_constraints is False
+  assert tree_constraint.from_config(config, None) is None
+  config.eval.tree_constraints = True
+  with pytest.raises(config_lib.ConfigError, match="eval.tree_constraints.*parsing runs only"):
+    config_lib.validate(config)
+  _, tokenizer, _, _ = _setup("bare", True)
+  config.data.source, config.data.tree_closing, config.data.tree_words = "ptb", "bare", True
+  built = tree_constraint.from_config(config, tokenizer)
+  tags = sum(t.startswith("(") and t.endswith(")") for t in tokenizer.words)
+  assert built.words and (built.kinds == TAG).sum() == tags
+
+
 def test_a_vocabulary_without_a_closing_token_is_an_error():
   with pytest.raises(ValueError, match=r"has '\(NP' but not its closing token '\)NP'"):
     TreeConstraint.for_vocabulary(list(RESERVED_TOKENS) + ["(NP", "(NN)", ")VP"], "labeled", False)
 
 
-@pytest.mark.parametrize("words, beam_size", [(False, 1), (True, 3)], ids=["tags-greedy", "words-beam"])
+@pytest.mark.parametrize(
+    "words, beam_size", [(False, 1), (True, 3)], ids=["tags-greedy", "words-beam"]
+)
 def test_searches_write_only_well_formed_trees_and_agree(words, beam_size):
   """A random (untrained) model: unconstrained, it writes anything; constrained, every output
   restores with no repair, over the input's words, and the fast search equals the reference."""
@@ -187,7 +233,10 @@ def test_searches_write_only_well_formed_trees_and_agree(words, beam_size):
   sentences = [t.words()[:6] for t in tree_list] * 2
   inputs = np.stack([_pad(tokenizer.encode(" ".join(s)) + [EOS_ID], 8) for s in sentences])
   extra = 40
-  predictor = decode.Predictor(config, extra, beam_size, alpha=0.6, constraint=constraint)
+  # One block: one program per search (tests/test_beam_search.py covers the blocks).
+  predictor = decode.Predictor(
+      config, extra, beam_size, alpha=0.6, block=None, constraint=constraint
+  )
   outputs, _ = predictor.search(params, inputs)
   linearization = trees.Linearization("labeled", words)
   for sentence, out in zip(sentences, outputs):
@@ -196,11 +245,15 @@ def test_searches_write_only_well_formed_trees_and_agree(words, beam_size):
     if words:  # the word tokens are the input's, in order
       written = [t for t in out.tolist() if token_kind(tokens[t]) == WORD]
       assert written == tokenizer.encode(" ".join(sentence))
-  unconstrained = decode.Predictor(config, extra, beam_size, alpha=0.6).search(params, inputs)[0]
-  assert sum(
-      linearization.restore(tokenizer.decode(o).split(), s).repairs > 0
-      for s, o in zip(sentences, unconstrained)
-  ) > 0  # the constraint is what makes them well formed
+  unconstrained = decode.Predictor(config, extra, beam_size, alpha=0.6, block=None)
+  unconstrained = unconstrained.search(params, inputs)[0]
+  assert (
+      sum(
+          linearization.restore(tokenizer.decode(o).split(), s).repairs > 0
+          for s, o in zip(sentences, unconstrained)
+      )
+      > 0
+  )  # the constraint is what makes them well formed
   n = outputs.shape[1]
   limit = decode.output_limits(inputs, extra, n)
   decoder = predictor.decoder

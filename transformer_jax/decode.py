@@ -60,11 +60,6 @@ from transformer_jax.top_k import top_extensions
 DEFAULT_BLOCK = 16
 
 
-def max_decode_length(inputs: jax.Array, extra: int, max_len: int) -> int:
-  """The output length of a batch [b, s]: the longest limit any of its sentences can have."""
-  return min(inputs.shape[1] + extra, max_len)
-
-
 def output_limits(inputs: jax.Array, extra: int, max_decode_len: int) -> jax.Array:
   """[b] int32: each sentence's maximum output length, its source length (EOS included) + extra
   (§6.1), within `max_decode_len`."""
@@ -328,11 +323,12 @@ def beam_search(
     decoder, params, inputs, max_decode_len, beam_size=4, alpha=0.6, limit=None, constraint=None
 ):
   """§6.1 beam search of a batch [b, s] -> (tokens [b, k, n], scores [b, k], steps).
-  `constraint(log_probs, prefixes, inputs)`: see `Predictor`."""
+  `constraint(log_probs, prefixes, limit, inputs)`: see `Predictor`."""
   first_log_probs, cache, sentence = decoder.start(params, inputs, max_decode_len)
   return beam_search_with_step_fn(
       decoder.step_fn(params, inputs, sentence), first_log_probs, cache, max_decode_len,
-      beam_size, alpha, limit=limit, tile=decoder.add_beams, constrain=_bind(constraint, inputs),
+      beam_size, alpha, limit=limit, tile=decoder.add_beams,
+      constrain=_search(beam_size, constraint, inputs).constrain,
   )  # fmt: skip
 
 
@@ -340,7 +336,7 @@ def greedy_search(decoder, params, inputs, max_decode_len, limit=None, constrain
   """Argmax decoding of a batch [b, s] -> (tokens [b, n], EOS then PAD; steps)."""
   first_log_probs, cache, sentence = decoder.start(params, inputs, max_decode_len)
   step_fn = decoder.step_fn(params, inputs, sentence)
-  search = Greedy(constrain=_bind(constraint, inputs))
+  search = _search(1, constraint, inputs)
   state = _reference(search, step_fn, first_log_probs, cache, max_decode_len, 0.0, limit, None)
   return state.out, state.step
 
@@ -412,7 +408,7 @@ class Predictor:
     """Encodes, runs the first step and the first block (`_block_impl`) of a batch."""
     log_probs, beams, sentence = self.decoder.start(params, inputs, end)
     limit = output_limits(inputs, self.max_decode_extra, n)
-    search = _search(beam_size, _bind(self.constraint, inputs))
+    search = _search(beam_size, self.constraint, inputs)
     state = search.init(log_probs, limit, n, alpha)
     if beam_size > 1:
       beams = self.decoder.add_beams(beams, beam_size)
@@ -425,7 +421,7 @@ class Predictor:
     done [b], steps run so far, the best tokens so far [b, n])."""
     if keep is not None:
       carry = jax.tree.map(lambda x: x if x.ndim == 0 else x[keep], carry)
-    search = _search(beam_size, _bind(self.constraint, carry.inputs))
+    search = _search(beam_size, self.constraint, carry.inputs)
     step_fn = self.decoder.step_fn(params, carry.inputs, carry.sentence)
     beams = self.decoder.grow(carry.beams, end, beam_size)
     state, beams = run_steps(search, step_fn, carry.state, beams, alpha, end, exit_at)
@@ -438,7 +434,7 @@ class Predictor:
     beam_size = self.beam_size if beam_size is None else beam_size
     _check_beam_size(beam_size)
     alpha = jnp.float32(self.alpha if alpha is None else alpha)
-    n = max_decode_length(inputs, self.max_decode_extra, self.config.max_len)
+    n = min(inputs.shape[1] + self.max_decode_extra, self.config.max_len)  # the longest limit
     ends = cache_block_ends(n, self.block)
     sharding = getattr(inputs, "sharding", None)  # numpy inputs: one device
     shards = inputs.shape[0] // sharding.shard_shape(inputs.shape)[0] if sharding else 1
@@ -509,12 +505,10 @@ class Predictor:
     return len(self.signatures)
 
 
-def _search(beam_size: int, constrain: Callable | None = None) -> Greedy | Beam:
+def _search(beam_size: int, constraint=None, inputs=None) -> Greedy | Beam:
+  """The search for `beam_size`, constrained by `constraint` bound to the batch's `inputs`."""
+  constrain = None if constraint is None else functools.partial(constraint, inputs=inputs)
   return Greedy(constrain=constrain) if beam_size == 1 else Beam(beam_size, constrain)
-
-
-def _bind(constraint: Callable | None, inputs: jax.Array) -> Callable | None:
-  return None if constraint is None else functools.partial(constraint, inputs=inputs)
 
 
 def _check_beam_size(beam_size: int):

@@ -14,9 +14,10 @@ under a TOP node, as EVALB reads it:
 The search is the run's (§6.3: beam 21, α 0.3, output length up to input + 300) unless the flags
 say otherwise; `--tree_constraints` makes it write only well-formed trees over the sentence's
 words (tree_constraint.py; default: the run's `eval.tree_constraints`). An output that is not a
-well-formed tree is repaired by data/trees.py's rule, and how many were is printed to stderr. The whole input is checked before the model is loaded: an
-empty line, a line with more words than the model reads (config.data.max_len - 1) or a line that
-is not UTF-8 stops the program with one `error:` line naming the line.
+well-formed tree is repaired by data/trees.py's rule, and how many were is printed to stderr.
+The whole input is checked before the model is loaded: an empty line, a line with more words
+than the model reads (config.data.max_len - 1) or a line that is not UTF-8 stops the program
+with one `error:` line naming the line.
 """
 
 from __future__ import annotations

@@ -13,7 +13,12 @@ far, a token is legal if it is
     `max_open_run` (10) in a row (the Penn Treebank sample's longest run is 6: this only stops
     a model's endless unary chains, `(NX (NX (NX ...`);
   * a tag `(NNP)`: without words in the output, while words remain; with them
-    (`data.tree_words`), right after a word and only then;
+    (`data.tree_words`), right after a word and only then. The tag of a punctuation word
+    (`,` `.` `:` `--` quotes ...; data/trees.py's table) is one of the punctuation tags that
+    EVALB deletes (COLLINS.prm: `,` `.` `:` ``` `` ``` `''`) or POS (`'` is one), and no other
+    word gets those: the model chooses among them, and EVALB, which deletes punctuation by each
+    tree's own tags, then sees the gold tree's words (the Penn Treebank sample breaks the rule
+    once in 73,842 words);
   * a word (`data.tree_words` only): the input's next word itself (its token id), when no word
     waits for its tag — the model chooses where words go, never which;
   * a closing bracket: the innermost open phrase's own (`)NP` for `(NP`; `)` when closings are
@@ -40,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax import evalb
+from transformer_jax.data import trees
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS
 
 # The kinds of token ids.
@@ -74,6 +81,8 @@ class TreeConstraint:
   kinds: np.ndarray  # [v] int32: OTHER, OPEN, CLOSE, TAG or WORD
   closing: np.ndarray  # [v] int32: an opening bracket's closing token id; -1 for other tokens
   words: bool  # data.tree_words: each word is written before its tag
+  punctuation: np.ndarray  # [v] bool: a word whose tag EVALB deletes (trees.punctuation_tag)
+  tag_class: np.ndarray  # [v] int32: 1 for the tags EVALB deletes, 2 for POS, 0 otherwise
   max_open_run: int = 10  # opening brackets in a row, at most
 
   @classmethod
@@ -83,13 +92,20 @@ class TreeConstraint:
     tree vocabulary: ValueError."""
     ids = {token: i for i, token in enumerate(tokens)}
     kinds = np.array([token_kind(t) for t in tokens], np.int32)
+    deleted = set(evalb.COLLINS.delete_labels)
+    punctuation = np.array([trees.punctuation_tag(t) in deleted for t in tokens])
+    deleted_tags = {trees.tag_token(t) for t in deleted}
+    tag_class = [
+        1 if t in deleted_tags else 2 if t == trees.tag_token("POS") else 0 for t in tokens
+    ]
     closes = np.full(len(tokens), -1, np.int32)
     for i in np.flatnonzero(kinds == OPEN):
       close = ")" + tokens[i][1:] if closing == "labeled" else ")"
       if close not in ids:
         raise ValueError(f"the vocabulary has {tokens[i]!r} but not its closing token {close!r}")
       closes[i] = ids[close]
-    return cls(kinds, closes, words)
+    punctuation &= kinds == WORD
+    return cls(kinds, closes, words, punctuation, np.array(tag_class, np.int32))
 
   def __call__(self, log_probs, prefixes, limit, inputs) -> jax.Array:
     legal = self.legal(prefixes, limit, inputs)
@@ -131,12 +147,18 @@ class TreeConstraint:
     fits = length + 1 + (depth + 1) + (2 if self.words else 1) * words_left + 1 <= limit
     can_open = free & remaining & fits & (open_run < self.max_open_run)
     legal = (kind == OPEN) & can_open[..., None]
+    words = jnp.broadcast_to(src, prefixes.shape[:-1] + src.shape[-1:])  # [..., s]
+    # The word a tag now would belong to: the one just written, or the next one.
+    tagged = _at(words, written - 1 if self.words else written)  # [...]
+    tag_class = jnp.asarray(self.tag_class)  # [v]
+    is_punctuation = jnp.asarray(self.punctuation)[tagged][..., None]  # [..., 1]
+    tag = (kind == TAG) & jnp.where(is_punctuation, tag_class > 0, tag_class != 1)  # [..., v]
     if self.words:
-      next_word = _at(jnp.broadcast_to(src, prefixes.shape[:-1] + src.shape[-1:]), written)
-      legal |= (kind == TAG) & pending[..., None]
+      legal |= tag & pending[..., None]
+      next_word = _at(words, written)
       legal |= (vocab == next_word[..., None]) & (free & remaining)[..., None]
     else:
-      legal |= (kind == TAG) & remaining[..., None]
+      legal |= tag & remaining[..., None]
     legal |= (vocab == close[..., None]) & (free & (last != OPEN))[..., None]
     legal |= (vocab == EOS_ID) & (free & ~remaining & (depth == 0))[..., None]
     return legal  # [..., v]

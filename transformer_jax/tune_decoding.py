@@ -171,6 +171,7 @@ def _tune_parsing(workdir, runs: dict, decode, valid, test, alphas, beams) -> di
                 "alpha": alpha,
                 "valid_f1": scores["f1"],
                 "valid_repaired": scores["repaired"],
+                "valid_evalb_error_sentences": scores["evalb_error_sentences"],
             }
         )
         logging.info(

@@ -296,6 +296,11 @@ class Linearization:
     return delinearize(tokens, words, self.closing, self.words)
 
 
+def punctuation_tag(word: str) -> str | None:
+  """Penn Treebank's tag for a punctuation word (`,` -> `,`, `--` -> `:`), or None."""
+  return _PUNCTUATION_TAGS.get(word)
+
+
 def fallback_tag(word: str) -> str:
   """The tag of a word that a broken output left untagged (module docstring)."""
   return _PUNCTUATION_TAGS.get(word, "NN")
