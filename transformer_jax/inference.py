@@ -181,6 +181,16 @@ class LoadedRun:
   def alpha(self) -> float:
     return self.config.eval.alpha
 
+  def with_tree_constraints(self, value: bool) -> LoadedRun:
+    """The same run and parameters, its search with `eval.tree_constraints` set to `value`."""
+    if value == self.config.eval.tree_constraints:
+      return self
+    config = ml_collections.ConfigDict(self.config.to_dict())
+    config.eval.tree_constraints = value
+    config_lib.validate(config)
+    predictor = _predictor(config, self.model_config, self.tokenizer)
+    return dataclasses.replace(self, config=config, predictor=predictor)
+
   def encode_lines(self, lines: Sequence[str]) -> list[list[int] | None]:
     """Token ids per line (None for an empty line); a line longer than the run's data.max_len is
     truncated with a warning naming it."""
@@ -360,11 +370,16 @@ def load_run(
   else:
     params = restore_params(workdir, step, abstract)
     label = f"step {step}"
-  predictor = decode.Predictor(
+  predictor = _predictor(config, model_config, tokenizer)
+  return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)
+
+
+def _predictor(config, model_config: TransformerConfig, tokenizer) -> decode.Predictor:
+  """The search of a run's eval settings (its tree constraint included)."""
+  return decode.Predictor(
       model_config,
       config.eval.max_decode_extra,
       config.eval.beam_size,
       config.eval.alpha,
       constraint=tree_constraint.from_config(config, tokenizer),
   )
-  return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)

@@ -130,7 +130,7 @@ class TreeConstraint:
     words_left = jnp.sum(is_word, axis=-1) - written  # [...]
     remaining = words_left > 0
     length = jnp.sum(prefixes != PAD_ID, axis=-1)  # [...]: no legal token is PAD
-    last = jnp.where(length > 0, _at(kinds, jnp.maximum(length - 1, 0)), OTHER)  # [...]
+    last = jnp.where(length > 0, _at(kinds, length - 1), OTHER)  # [...]
     before_run = jnp.max(jnp.where(~opens & (prefixes != PAD_ID), jnp.arange(n), -1), axis=-1)
     open_run = length - 1 - before_run  # [...]: the opening brackets that end the prefix
     # The innermost open phrase: the last opening bracket after which the depth is today's.
@@ -140,8 +140,7 @@ class TreeConstraint:
 
     pending = (last == WORD) if self.words else jnp.zeros_like(remaining)  # a word waits
     free = ~pending
-    vocab = jnp.arange(self.kinds.shape[0])  # [v]
-    kind = kinds_table  # [v]
+    vocab, kind = jnp.arange(self.kinds.shape[0]), kinds_table  # [v]: each token's id, kind
     # The shortest end after an opening: its closing, the other closings, each word left (word
     # and tag, or tag) and EOS.
     fits = length + 1 + (depth + 1) + (2 if self.words else 1) * words_left + 1 <= limit

@@ -84,12 +84,8 @@ def tune(
     return run.translate_ids([s for s, _ in split.examples], beam_size=beam, alpha=alpha)
 
   if run.config.data.source == "ptb":  # §6.3: beam and α chosen on validation F1 (EVALB)
-    runs = {run.config.eval.tree_constraints: run}
-    for value in tree_constraints or []:
-      if value not in runs:
-        runs[value] = inference.load_run(workdir, which, tree_constraints=value)
-    if tree_constraints:
-      runs = {value: runs[value] for value in tree_constraints}
+    values = tree_constraints or [run.config.eval.tree_constraints]
+    runs = {value: run.with_tree_constraints(value) for value in values}  # parameters shared
     return _tune_parsing(workdir, runs, decode, valid, test, alphas, beams)
 
   sweep = []
