@@ -29,14 +29,14 @@ TREES = """
 N, S = 64, 24  # output and source lengths of the batches below (one compiled shape each)
 
 
-def _setup(closing, words):
+def _setup(closing, words, order="top_down"):
   tree_list = [trees.preprocess(t) for t in trees.parse_trees(TREES)]
   tokenizer = ptb.build_vocabulary(tree_list, closing, 200)
   # Every word of these trees in the vocabulary, so that ids and tokens map one to one.
   vocab = tokenizer.words + sorted({w for t in tree_list for w in t.words()} - set(tokenizer.words))
   tokenizer = type(tokenizer)(vocab)
   tokens = list(RESERVED_TOKENS) + tokenizer.words
-  constraint = TreeConstraint.for_vocabulary(tokens, closing, words)
+  constraint = TreeConstraint.for_vocabulary(tokens, closing, words, order)
   return tree_list, tokenizer, tokens, constraint
 
 
@@ -44,12 +44,16 @@ def _pad(ids, length):
   return np.array(ids + [PAD_ID] * (length - len(ids)), np.int32)
 
 
-def reference_legal(tokens, prefix, source_words, closing, words, limit=N):
+def reference_legal(tokens, prefix, source_words, closing, words, limit=N, order="top_down"):
   """The module docstring's rule, over a stack: the set of legal next token ids."""
+  in_order = order == "in_order"
   stack, written, last, run = [], 0, None, 0
   for t in prefix:
     kind = token_kind(tokens[t])
-    run = run + 1 if kind == OPEN else 0
+    if in_order:  # openings since the last tag
+      run = 0 if kind == TAG else run + (kind == OPEN)
+    else:  # openings in a row
+      run = run + 1 if kind == OPEN else 0
     if kind == OPEN:
       stack.append(tokens[t][1:])
     elif kind == CLOSE:
@@ -65,6 +69,9 @@ def reference_legal(tokens, prefix, source_words, closing, words, limit=N):
     tag_ok = deleted | {"(POS)"}
   else:
     tag_ok = {t for t in tokens if token_kind(t) == TAG} - deleted
+  left, per_word = len(source_words) - written, 2 if words else 1
+  # In order, words go inside an open phrase (or first of all), phrases open over a finished node.
+  shift = remaining and (not in_order or bool(stack) or not prefix)
   legal = set()
   for i, token in enumerate(tokens):
     kind = token_kind(token)
@@ -73,16 +80,19 @@ def reference_legal(tokens, prefix, source_words, closing, words, limit=N):
     elif pending:
       ok = kind == TAG
     elif kind == OPEN:  # room to close it, and for every word left, after it
-      left = len(source_words) - written
-      fits = len(prefix) + 2 + len(stack) + (2 if words else 1) * left + 1 <= limit
-      ok = remaining and fits and run < 10
+      fits = len(prefix) + 2 + len(stack) + per_word * left + 1 <= limit
+      ok = (last in (TAG, CLOSE) if in_order else remaining) and fits and run < 10
     elif kind == TAG and not words:
-      ok = remaining
+      ok = shift
     elif kind == CLOSE:
       own = ")" + stack[-1] if stack and closing == "labeled" else ")"
-      ok = bool(stack) and last != OPEN and token == own
+      ok = bool(stack) and token == own
+      if in_order and len(stack) == 1 and remaining:  # another phrase must open over it
+        ok &= len(prefix) + 3 + per_word * left + 1 <= limit and run < 10
+      elif not in_order:
+        ok &= last != OPEN
     elif words and kind == WORD:
-      ok = remaining and i == source_words[written]
+      ok = shift and i == source_words[written]
     else:
       ok = i == EOS_ID and not remaining and not stack
     if ok:
@@ -95,11 +105,12 @@ def _legal_fn(constraint):
   return jax.jit(constraint.legal)
 
 
+@pytest.mark.parametrize("order", trees.ORDERS)
 @pytest.mark.parametrize("closing", ["labeled", "bare"])
 @pytest.mark.parametrize("words", [False, True], ids=["tags", "words"])
-def test_every_prefix_of_every_gold_tree_is_legal_and_eos_comes_last(closing, words):
-  tree_list, tokenizer, tokens, constraint = _setup(closing, words)
-  linearization = trees.Linearization(closing, words)
+def test_every_prefix_of_every_gold_tree_is_legal_and_eos_comes_last(closing, words, order):
+  tree_list, tokenizer, tokens, constraint = _setup(closing, words, order)
+  linearization = trees.Linearization(closing, words, order)
   known = set(tokenizer.words)
   for tree in tree_list:
     source = ptb.encode_words(tokenizer, known, tree.words()) + [EOS_ID]
@@ -109,42 +120,52 @@ def test_every_prefix_of_every_gold_tree_is_legal_and_eos_comes_last(closing, wo
     limits = np.full(len(target), N, np.int32)
     legal = np.asarray(_legal_fn(constraint)(prefixes, limits, inputs))  # [t, v]
     assert legal[np.arange(len(target)), target].all(), tree
-    # After the last word's tag and the last closing bracket, EOS is the one legal token.
-    assert np.flatnonzero(legal[-1]).tolist() == [EOS_ID]
+    # After the last word's tag and the last closing bracket, EOS is the one legal token (in
+    # order, a phrase may still open over the whole tree: a unary root, `(S (VP ...))`).
+    ends = [EOS_ID] + (
+        [i for i, t in enumerate(tokens) if token_kind(t) == OPEN] if order == "in_order" else []
+    )
+    assert np.flatnonzero(legal[-1]).tolist() == sorted(ends)
     for i in range(len(target)):  # the rule, step by step, as the reference computes it
-      expected = reference_legal(tokens, target[:i], source[:-1], closing, words)
+      expected = reference_legal(tokens, target[:i], source[:-1], closing, words, N, order)
       assert set(np.flatnonzero(legal[i]).tolist()) == expected, (tree, i)
 
 
+@pytest.mark.parametrize("order", trees.ORDERS)
 @pytest.mark.parametrize("closing", ["labeled", "bare"])
 @pytest.mark.parametrize("words", [False, True], ids=["tags", "words"])
-def test_random_walks_match_the_reference_and_restore_without_repair(closing, words):
+def test_random_walks_match_the_reference_and_restore_without_repair(closing, words, order):
   """Prefixes no gold tree has: legal tokens chosen at random (a kind first, then a token), under
   limits from the tightest the sentence's words allow up: every walk ends within its limit, and
-  runs of openings stop at 10."""
-  tree_list, tokenizer, tokens, constraint = _setup(closing, words)
+  runs of openings (in order: between two words) stop at 10."""
+  in_order = order == "in_order"
+  tree_list, tokenizer, tokens, constraint = _setup(closing, words, order)
   rng = np.random.default_rng(0)
   kinds = np.array([token_kind(t) for t in tokens])
   for walk in range(12):
     sentence = tree_list[walk % len(tree_list)].words()[: 1 + walk % 6]
     source = tokenizer.encode(" ".join(sentence)) + [EOS_ID]
-    limit = (2 if words else 1) * len(sentence) + 1 + walk % 4 * 3 + (walk % 3 == 0) * 30
+    # The tightest: a tag (and word) per word, EOS, and in order one phrase over them.
+    limit = (2 if words else 1) * len(sentence) + 1 + 2 * in_order + walk % 4 * 3
+    limit += (walk % 3 == 0) * 30
     prefix = []
     while not prefix or prefix[-1] != EOS_ID:
       args = _pad(prefix, N)[None], np.array([limit], np.int32), _pad(source, S)[None]
       legal = np.asarray(_legal_fn(constraint)(*args))[0]
-      expected = reference_legal(tokens, prefix, source[:-1], closing, words, limit)
+      expected = reference_legal(tokens, prefix, source[:-1], closing, words, limit, order)
       assert set(np.flatnonzero(legal).tolist()) == expected, (walk, prefix)
       choices = np.flatnonzero(legal)
       kind = rng.choice(sorted(set(kinds[choices])))
-      if walk % 3 == 0 and OPEN in kinds[choices]:  # endless openings, as an untrained model
-        kind = OPEN
+      if walk % 3 == 0:  # endless openings, as an untrained model (in order: unary chains)
+        kind = next((k for k in (OPEN, CLOSE)[: 1 + in_order] if k in kinds[choices]), kind)
       prefix.append(int(rng.choice(choices[kinds[choices] == kind])))
       assert len(prefix) <= limit
-    runs = "".join("o" if kinds[t] == OPEN else " " for t in prefix).split(" ")
+    separator = (lambda k: k == TAG) if in_order else (lambda k: k != OPEN)
+    runs = "".join(" " if separator(kinds[t]) else "o" if kinds[t] == OPEN else "" for t in prefix)
+    runs = runs.split(" ")
     longest = max(len(r) for r in runs)
     assert longest <= 10 and (walk % 3 or longest == 10), (walk, longest)
-    restored = trees.Linearization(closing, words).restore(
+    restored = trees.Linearization(closing, words, order).restore(
         tokenizer.decode(prefix).split(), sentence
     )
     assert restored.repairs == 0 and restored.tree.words() == sentence
@@ -160,7 +181,11 @@ def test_renormalizes_over_the_legal_tokens():
   legal = np.flatnonzero(out > -np.inf)
   opening = [i for i, t in enumerate(tokens) if token_kind(t) == OPEN]
   assert sorted(legal.tolist()) == sorted(opening + tokenizer.encode("Pierre"))
-  kept = np.asarray(log_probs)[0, legal]
+  # The forced word carries the model's probability of writing any word here.
+  kept = np.asarray(log_probs)[0].copy()
+  is_word = np.array([token_kind(t) == WORD for t in tokens])
+  kept[is_word] = np.logaddexp.reduce(kept[is_word])
+  kept = kept[legal]
   np.testing.assert_allclose(out[legal], kept - np.logaddexp.reduce(kept), rtol=1e-5)
   # After "(S (NP Pierre": any tag but the punctuation tags, and nothing else.
   out = np.asarray(constraint(log_probs, _pad(tokenizer.encode("(S (NP Pierre"), N)[None]))
@@ -210,7 +235,12 @@ def test_the_config_switch_is_off_by_default_and_for_parsing_runs_only():
   config.data.source, config.data.tree_closing, config.data.tree_words = "ptb", "bare", True
   built = tree_constraint.from_config(config, tokenizer)
   tags = sum(t.startswith("(") and t.endswith(")") for t in tokenizer.words)
-  assert built.words and (built.kinds == TAG).sum() == tags
+  assert built.words and not built.in_order and (built.kinds == TAG).sum() == tags
+  config.data.tree_order = "in_order"
+  assert tree_constraint.from_config(config, tokenizer).in_order
+  config.data.tree_order = "bottom_up"
+  with pytest.raises(config_lib.ConfigError, match="data.tree_order"):
+    config_lib.validate(config)
 
 
 def test_a_vocabulary_without_a_closing_token_is_an_error():
@@ -219,12 +249,14 @@ def test_a_vocabulary_without_a_closing_token_is_an_error():
 
 
 @pytest.mark.parametrize(
-    "words, beam_size", [(False, 1), (True, 3)], ids=["tags-greedy", "words-beam"]
+    "words, beam_size, order",
+    [(False, 1, "top_down"), (True, 3, "top_down"), (True, 3, "in_order")],
+    ids=["tags-greedy", "words-beam", "words-beam-in-order"],
 )
-def test_searches_write_only_well_formed_trees_and_agree(words, beam_size):
+def test_searches_write_only_well_formed_trees_and_agree(words, beam_size, order):
   """A random (untrained) model: unconstrained, it writes anything; constrained, every output
   restores with no repair, over the input's words, and the fast search equals the reference."""
-  tree_list, tokenizer, tokens, constraint = _setup("labeled", words)
+  tree_list, tokenizer, tokens, constraint = _setup("labeled", words, order)
   config = TransformerConfig(
       vocab_size=len(tokens), d_model=32, num_heads=4, num_layers=1, d_ff=64, max_len=64,
       deterministic=True,
@@ -238,7 +270,7 @@ def test_searches_write_only_well_formed_trees_and_agree(words, beam_size):
       config, extra, beam_size, alpha=0.6, block=None, constraint=constraint
   )
   outputs, _ = predictor.search(params, inputs)
-  linearization = trees.Linearization("labeled", words)
+  linearization = trees.Linearization("labeled", words, order)
   for sentence, out in zip(sentences, outputs):
     restored = linearization.restore(tokenizer.decode(out).split(), sentence)
     assert restored.repairs == 0 and restored.tree.words() == sentence

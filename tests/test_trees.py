@@ -61,10 +61,11 @@ def test_linearization_with_words_and_back():
   assert form.restore(marked, tree.words()) == trees.Restored(tree, 0)
 
 
+@pytest.mark.parametrize("order", trees.ORDERS)
 @pytest.mark.parametrize("closing, words", [(c, w) for c in trees.CLOSINGS for w in (False, True)])
-def test_every_sample_tree_round_trips_exactly(shared_data, closing, words):
+def test_every_sample_tree_round_trips_exactly(shared_data, closing, words, order):
   """Every tree of the Penn Treebank sample: linearize, then delinearize with its words."""
-  form = trees.Linearization(closing, words)
+  form = trees.Linearization(closing, words, order)
   paths = sorted((shared_data / "ptb-sample").glob("wsj_*.mrg"))
   count = 0
   for path in paths:
@@ -123,6 +124,24 @@ def test_ill_formed_outputs_with_words_are_repaired_by_the_documented_rule(
     tokens, expected, repairs
 ):
   restored = trees.delinearize(tokens.split(), WORDS, "labeled", with_words=True)
+  assert (str(restored.tree), restored.repairs) == (f"(TOP {expected})", repairs)
+
+
+@pytest.mark.parametrize(
+    "tokens, expected, repairs",
+    [
+        ("(NNP) (NP )NP (S (VBZ) (VP )VP (.) )S", "(S (NP (NNP John)) (VP (VBZ runs)) (. .))", 0),
+        # An opening with no finished node before it is dropped; a wrong closing label counts.
+        ("(X (NNP) (NP )VP (S (VBZ) (.) )S", "(S (NP (NNP John)) (VBZ runs) (. .))", 2),
+        # A closing with nothing open is dropped; a word left over gets its fallback tag and
+        # joins the phrase still open, which is closed at the end.
+        (")NP (NNP) (S (VBZ)", "(S (NNP John) (VBZ runs) (. .))", 3),
+        # Finished nodes side by side at the top: the root's children, counted once.
+        ("(NNP) (VBZ) (.)", "(NNP John) (VBZ runs) (. .)", 1),
+    ],
+)
+def test_ill_formed_in_order_outputs_are_repaired_by_the_documented_rule(tokens, expected, repairs):
+  restored = trees.delinearize(tokens.split(), WORDS, "labeled", order="in_order")
   assert (str(restored.tree), restored.repairs) == (f"(TOP {expected})", repairs)
 
 

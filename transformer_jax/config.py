@@ -79,6 +79,10 @@ def default_config() -> ml_collections.ConfigDict:
   # a deviation from Vinyals et al. (2015) and §6.3, whose targets hold no words; the written
   # words mark the decoder's position in the sentence (data/trees.py). Off: the paper's form.
   c.data.tree_words = False
+  # ptb: "top_down" writes each phrase's opening before its words (Vinyals et al. 2015, §6.3);
+  # "in_order" after its first child (Liu & Zhang 2017's in-order order; a deviation, off by
+  # default): "(NNP) (NP (NNP) )NP (S ..." (data/trees.py).
+  c.data.tree_order = "top_down"
   c.data.synthetic_seed = 0
   c.data.synthetic_train_size = 50_000
   c.data.synthetic_eval_size = 500
@@ -188,6 +192,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if d.source == "ptb":  # whether it exists is checked when it is read: parsing needs no trees
     check(bool(d.path), "data.path", "the ptb source needs a directory of .mrg tree files")
   check(d.tree_closing in ("labeled", "bare"), "data.tree_closing", "expected 'labeled' or 'bare'")
+  check(
+      d.tree_order in ("top_down", "in_order"),
+      "data.tree_order",
+      "expected 'top_down' or 'in_order'",
+  )
   check(d.max_len >= 2, "data.max_len", "must be >= 2 (a token plus EOS)")
   check(
       d.max_len <= config.model.max_len,

@@ -20,10 +20,21 @@ far, a token is legal if it is
     tree's own tags, then sees the gold tree's words (the Penn Treebank sample breaks the rule
     once in 73,842 words);
   * a word (`data.tree_words` only): the input's next word itself (its token id), when no word
-    waits for its tag — the model chooses where words go, never which;
+    waits for its tag — the model chooses where words go, never which: the forced word gets the
+    model's probability of writing any word there (the sum over the vocabulary's words), not
+    its probability of that word, which a decoder that has not learned to copy puts far too low
+    (it then opens phrase after phrase rather than write a word it did not expect);
   * a closing bracket: the innermost open phrase's own (`)NP` for `(NP`; `)` when closings are
     bare), once that phrase holds a word;
   * EOS: once every word is written and tagged and every phrase closed.
+
+In order (`data.tree_order="in_order"`, where a phrase's opening follows its first child), the
+same rules hold but for where phrases open and words go, as in a shift-reduce parser: an opening
+bracket only right after a finished node (a tag, or a closing) and also once every word is
+written, a word or tag only inside an open phrase (or first of all), and a closing bracket as
+soon as its phrase is open (it holds its first child); at most `max_open_run` openings between
+two words, and closing the outermost phrase before the last word only with room left to open
+another over it.
 
 Anything else (reserved ids, other words) is never legal. There is always a legal token, and
 every output restores with no repair (data/trees.py) as long as the limit leaves room for the
@@ -83,13 +94,16 @@ class TreeConstraint:
   words: bool  # data.tree_words: each word is written before its tag
   punctuation: np.ndarray  # [v] bool: a word whose tag EVALB deletes (trees.punctuation_tag)
   tag_class: np.ndarray  # [v] int32: 1 for the tags EVALB deletes, 2 for POS, 0 otherwise
-  max_open_run: int = 10  # opening brackets in a row, at most
+  in_order: bool = False  # data.tree_order == "in_order"
+  max_open_run: int = 10  # opening brackets in a row (in order: between two words), at most
 
   @classmethod
-  def for_vocabulary(cls, tokens: Sequence[str], closing: str, words: bool) -> TreeConstraint:
+  def for_vocabulary(
+      cls, tokens: Sequence[str], closing: str, words: bool, order: str = "top_down"
+  ) -> TreeConstraint:
     """From the run's vocabulary (id -> token) and its linearization (`data.tree_closing`,
-    `data.tree_words`). A vocabulary without the closing token of one of its phrases is not a
-    tree vocabulary: ValueError."""
+    `data.tree_words`, `data.tree_order`). A vocabulary without the closing token of one of its
+    phrases is not a tree vocabulary: ValueError."""
     ids = {token: i for i, token in enumerate(tokens)}
     kinds = np.array([token_kind(t) for t in tokens], np.int32)
     deleted = set(evalb.COLLINS.delete_labels)
@@ -105,11 +119,17 @@ class TreeConstraint:
         raise ValueError(f"the vocabulary has {tokens[i]!r} but not its closing token {close!r}")
       closes[i] = ids[close]
     punctuation &= kinds == WORD
-    return cls(kinds, closes, words, punctuation, np.array(tag_class, np.int32))
+    tag_class = np.array(tag_class, np.int32)
+    return cls(kinds, closes, words, punctuation, tag_class, order == "in_order")
 
   def __call__(self, log_probs, prefixes, limit, inputs) -> jax.Array:
     legal = self.legal(prefixes, limit, inputs)
-    kept = jnp.where(legal, log_probs.astype(jnp.float32), -jnp.inf)
+    log_probs = log_probs.astype(jnp.float32)
+    if self.words:  # the one legal word takes the mass of every word (module docstring)
+      is_word = jnp.asarray(self.kinds) == WORD  # [v]
+      word_mass = jax.nn.logsumexp(jnp.where(is_word, log_probs, -jnp.inf), -1, keepdims=True)
+      log_probs = jnp.where(is_word, word_mass, log_probs)
+    kept = jnp.where(legal, log_probs, -jnp.inf)
     # -inf, not NaN, where nothing is legal: the prefixes of a beam's empty (-inf) hypotheses,
     # made of whatever tokens filled its top-k, follow no rule.
     return jnp.where(legal, kept - jax.nn.logsumexp(kept, axis=-1, keepdims=True), -jnp.inf)
@@ -131,8 +151,14 @@ class TreeConstraint:
     remaining = words_left > 0
     length = jnp.sum(prefixes != PAD_ID, axis=-1)  # [...]: no legal token is PAD
     last = jnp.where(length > 0, _at(kinds, length - 1), OTHER)  # [...]
-    before_run = jnp.max(jnp.where(~opens & (prefixes != PAD_ID), jnp.arange(n), -1), axis=-1)
-    open_run = length - 1 - before_run  # [...]: the opening brackets that end the prefix
+    if self.in_order:  # the opening brackets since the last word (its tag)
+      after_tag = (
+          jnp.arange(n) > jnp.max(jnp.where(kinds == TAG, jnp.arange(n), -1), axis=-1)[..., None]
+      )
+      open_run = jnp.sum(opens & after_tag, axis=-1)  # [...]
+    else:  # the opening brackets that end the prefix
+      before_run = jnp.max(jnp.where(~opens & (prefixes != PAD_ID), jnp.arange(n), -1), axis=-1)
+      open_run = length - 1 - before_run  # [...]
     # The innermost open phrase: the last opening bracket after which the depth is today's.
     positions = jnp.where(opens & (depth_after == depth[..., None]), jnp.arange(n), -1)
     innermost = jnp.max(positions, axis=-1)  # [...]; -1: none open
@@ -143,8 +169,22 @@ class TreeConstraint:
     vocab, kind = jnp.arange(self.kinds.shape[0]), kinds_table  # [v]: each token's id, kind
     # The shortest end after an opening: its closing, the other closings, each word left (word
     # and tag, or tag) and EOS.
-    fits = length + 1 + (depth + 1) + (2 if self.words else 1) * words_left + 1 <= limit
-    can_open = free & remaining & fits & (open_run < self.max_open_run)
+    per_word = 2 if self.words else 1
+    fits = length + 1 + (depth + 1) + per_word * words_left + 1 <= limit
+    can_open = free & fits & (open_run < self.max_open_run)
+    if self.in_order:  # over the node just finished
+      can_open &= (last == TAG) | (last == CLOSE)
+      shift = remaining & ((depth > 0) | (length == 0))  # a word or tag may come next
+      # Closing the outermost phrase with words left: another must open over it, and fit.
+      reopen = (depth == 1) & remaining
+      reopen_fits = (length + 3 + per_word * words_left + 1 <= limit) & (
+          open_run < self.max_open_run
+      )
+      can_close = free & (~reopen | reopen_fits)
+    else:  # while words remain; a phrase closes once it holds a word
+      can_open &= remaining
+      shift = remaining
+      can_close = free & (last != OPEN)
     legal = (kind == OPEN) & can_open[..., None]
     words = jnp.broadcast_to(src, prefixes.shape[:-1] + src.shape[-1:])  # [..., s]
     # The word a tag now would belong to: the one just written, or the next one.
@@ -155,10 +195,10 @@ class TreeConstraint:
     if self.words:
       legal |= tag & pending[..., None]
       next_word = _at(words, written)
-      legal |= (vocab == next_word[..., None]) & (free & remaining)[..., None]
+      legal |= (vocab == next_word[..., None]) & (free & shift)[..., None]
     else:
-      legal |= tag & remaining[..., None]
-    legal |= (vocab == close[..., None]) & (free & (last != OPEN))[..., None]
+      legal |= tag & shift[..., None]
+    legal |= (vocab == close[..., None]) & can_close[..., None]
     legal |= (vocab == EOS_ID) & (free & ~remaining & (depth == 0))[..., None]
     return legal  # [..., v]
 
@@ -174,4 +214,5 @@ def from_config(config, tokenizer) -> TreeConstraint | None:
   if not config.eval.tree_constraints:
     return None
   tokens = list(RESERVED_TOKENS) + tokenizer.words
-  return TreeConstraint.for_vocabulary(tokens, config.data.tree_closing, config.data.tree_words)
+  d = config.data
+  return TreeConstraint.for_vocabulary(tokens, d.tree_closing, d.tree_words, d.tree_order)

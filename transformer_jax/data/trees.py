@@ -37,6 +37,15 @@ each word is written before its tag, so the decoder's own output says which word
 
     words:   (S (NP Mr. (NNP) Vinken (NNP) )NP (VP is (VBZ) ... )VP . (.) )S
 
+In order (`config.data.tree_order="in_order"`, a deviation from Vinyals et al. and §6.3, off by
+default; the in-order order of Liu & Zhang 2017's shift-reduce parser, compared with top-down for
+sequence-to-sequence parsing by Fernández-González & Gómez-Rodríguez 2020), a phrase's opening
+token comes after its first child and before the others, so a phrase is named once its first
+child is seen rather than before any of its words:
+
+    in order:        (NNP) (NP (NNP) )NP (S (VBZ) (VP ... )VP (.) )S
+    in order, words: Mr. (NNP) (NP Vinken (NNP) )NP (S is (VBZ) (VP ... )VP . (.) )S
+
 `delinearize(tokens, words)` rebuilds the tree, giving the tag tokens the input's words in order;
 for every tree of a treebank it returns the preprocessed tree exactly. A model's output that is
 not a well-formed linearization is mapped to a tree by a fixed rule, and every departure counted:
@@ -51,6 +60,12 @@ not a well-formed linearization is mapped to a tree by a fixed rule, and every d
 With words, a token that is not a tree token is a word: it marks a position and nothing more
 (the tree takes the input's words, whatever the model wrote); a tag with no word before it, a
 word with no tag after it, and a word left waiting at the end are each counted, the rest as above.
+In order, the tree is rebuilt as a shift-reduce parser would: a tag is a finished node; an
+opening token takes the finished node just before it as its first child (with none there, it is
+dropped); a closing token gives the innermost open phrase the finished nodes after it. Words
+left over are finished nodes tagged by `fallback_tag`, phrases still open at the end are closed
+so, and finished nodes left side by side at the top become the root's children (counted
+once).
 """
 
 from __future__ import annotations
@@ -58,6 +73,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from transformer_jax import errors
 
@@ -65,6 +81,7 @@ ROOT = "TOP"  # the label of the outer bracket; EVALB's COLLINS.prm deletes it w
 _WRAPPERS = ("", "TOP", "ROOT")  # labels an outer bracket has in treebanks and parser outputs
 EMPTY = "-NONE-"  # the tag of empty elements (traces, null complementizers)
 CLOSINGS = ("labeled", "bare")
+ORDERS = ("top_down", "in_order")
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 # Penn Treebank's tag for each punctuation word (for words a broken output left untagged).
 _PUNCTUATION_TAGS = {
@@ -254,10 +271,13 @@ def tag_token(tag: str) -> str:
   return f"({tag})"
 
 
-def linearize(tree: Tree, closing: str = "labeled", words: bool = False) -> list[str]:
-  """The target tokens of a tree (its root's children, top-down; module docstring); with
-  `words`, each tag token follows its word (`data.tree_words`)."""
-  _check_closing(closing)
+def linearize(
+    tree: Tree, closing: str = "labeled", words: bool = False, order: str = "top_down"
+) -> list[str]:
+  """The target tokens of a tree (its root's children; module docstring): top-down, or with each
+  phrase's opening token after its first child (`order="in_order"`); with `words`, each tag
+  token follows its word (`data.tree_words`)."""
+  _check_form(closing, order)
   out = []
 
   def visit(node: Tree):
@@ -266,8 +286,11 @@ def linearize(tree: Tree, closing: str = "labeled", words: bool = False) -> list
         out.append(node.children[0])
       out.append(tag_token(node.label))
       return
+    first, *rest = node.children
+    if order == "in_order":
+      visit(first)
     out.append("(" + node.label)
-    for child in node.children:
+    for child in rest if order == "in_order" else node.children:
       visit(child)
     out.append(")" + node.label if closing == "labeled" else ")")
 
@@ -278,22 +301,24 @@ def linearize(tree: Tree, closing: str = "labeled", words: bool = False) -> list
 
 @dataclasses.dataclass(frozen=True)
 class Linearization:
-  """How a run writes trees as targets: `closing` ("labeled" or "bare") and `words` (each word
-  written before its tag; `config.data.tree_words`, off in the paper's form)."""
+  """How a run writes trees as targets: `closing` ("labeled" or "bare"), `words` (each word
+  written before its tag; `config.data.tree_words`, off in the paper's form) and `order`
+  ("top_down", the paper's, or "in_order"; `config.data.tree_order`)."""
 
   closing: str = "labeled"
   words: bool = False
+  order: str = "top_down"
 
   @classmethod
   def from_config(cls, data) -> Linearization:
-    """From a run's `config.data` (`tree_closing`, `tree_words`)."""
-    return cls(data.tree_closing, data.tree_words)
+    """From a run's `config.data` (`tree_closing`, `tree_words`, `tree_order`)."""
+    return cls(data.tree_closing, data.tree_words, data.tree_order)
 
   def tokens(self, tree: Tree) -> list[str]:
-    return linearize(tree, self.closing, self.words)
+    return linearize(tree, self.closing, self.words, self.order)
 
   def restore(self, tokens: Sequence[str], words: Sequence[str]) -> Restored:
-    return delinearize(tokens, words, self.closing, self.words)
+    return delinearize(tokens, words, self.closing, self.words, self.order)
 
 
 def punctuation_tag(word: str) -> str | None:
@@ -317,50 +342,106 @@ def delinearize(
     words: Sequence[str],
     closing: str = "labeled",
     with_words: bool = False,
+    order: str = "top_down",
 ) -> Restored:
   """The tree of `tokens` over `words`, repaired by the module docstring's rule if need be.
 
   `with_words`: `tokens` write each word before its tag (`linearize(..., words=True)`); those
-  word tokens are read as position marks only (the tree takes `words`, the input's)."""
-  _check_closing(closing)
-  root = Tree(ROOT, [])
-  stack, used, repairs = [root], 0, 0
-  pending = False  # with_words: a word token waits for its tag
+  word tokens are read as position marks only (the tree takes `words`, the input's). `order`:
+  the order `tokens` were written in (`linearize`'s)."""
+  _check_form(closing, order)
+  repairs = [0]  # counted by _tree_steps as it reads
+  build = _build_in_order if order == "in_order" else _build_top_down
+  root, built_repairs = build(_tree_steps(tokens, words, closing, with_words, repairs), closing)
+  return Restored(root, repairs[0] + built_repairs)
+
+
+def _tree_steps(tokens, words, closing, with_words, repairs) -> Iterator[tuple[str, Any]]:
+  """The steps of `tokens`: ("tag", a preterminal over the next input word), ("open", label),
+  ("close", its token), and at the end ("left", a fallback-tagged preterminal) per word no tag
+  took. Tokens that are no tree token, tags past the last word, and (with words) unpaired words
+  and tags are counted in `repairs[0]` (module docstring)."""
+  used, pending = 0, False  # with_words: a word token waits for its tag
   for token in tokens:
     if with_words and token[:1] not in ("(", ")"):  # a word
-      repairs += pending  # the word before it got no tag
+      repairs[0] += pending  # the word before it got no tag
       pending = True
       continue
     is_tag = len(token) > 2 and token[0] == "(" and token[-1] == ")"
     if with_words:
-      repairs += pending != is_tag  # a word with no tag, or a tag with no word
+      repairs[0] += pending != is_tag  # a word with no tag, or a tag with no word
       pending = False
     if is_tag:
       if used < len(words):
-        stack[-1].children.append(Tree(token[1:-1], [words[used]]))
+        yield "tag", Tree(token[1:-1], [words[used]])
         used += 1
       else:
-        repairs += 1
+        repairs[0] += 1
     elif len(token) > 1 and token[0] == "(" and ")" not in token:  # a phrase opens
-      node = Tree(token[1:], [])
+      yield "open", token[1:]
+    elif token[:1] == ")" and (closing == "labeled" or token == ")"):
+      yield "close", token
+    else:
+      repairs[0] += 1
+  repairs[0] += pending
+  for word in words[used:]:
+    repairs[0] += 1
+    yield "left", Tree(fallback_tag(word), [word])
+
+
+def _build_top_down(steps, closing) -> tuple[Tree, int]:
+  root = Tree(ROOT, [])
+  stack, repairs = [root], 0
+  for step, value in steps:
+    if step in ("tag", "left"):
+      stack[-1].children.append(value)
+    elif step == "open":
+      node = Tree(value, [])
       stack[-1].children.append(node)
       stack.append(node)
-    elif token[:1] == ")" and (closing == "labeled" or token == ")"):
-      if len(stack) == 1:
-        repairs += 1
-        continue
-      node = stack.pop()
-      if closing == "labeled" and token[1:] != node.label:
-        repairs += 1
-    else:
+    elif len(stack) == 1:  # a closing with nothing open
       repairs += 1
-  repairs += pending
-  for word in words[used:]:
-    stack[-1].children.append(Tree(fallback_tag(word), [word]))
-    repairs += 1
+    else:
+      node = stack.pop()
+      repairs += closing == "labeled" and value[1:] != node.label
   repairs += len(stack) - 1
   repairs += _remove_empty(root)
-  return Restored(root, repairs)
+  return root, repairs
+
+
+def _build_in_order(steps, closing) -> tuple[Tree, int]:
+  stack, repairs = [], 0  # (node, open) pairs, bottom first
+  open_count = 0
+
+  def close() -> Tree:  # the innermost open phrase takes the finished nodes after it
+    nonlocal open_count
+    i = max(j for j, (_, is_open) in enumerate(stack) if is_open)
+    node = stack[i][0]
+    node.children.extend(n for n, _ in stack[i + 1 :])
+    del stack[i + 1 :]
+    stack[i] = (node, False)
+    open_count -= 1
+    return node
+
+  for step, value in steps:
+    if step in ("tag", "left"):
+      stack.append((value, False))
+    elif step == "open":
+      if stack and not stack[-1][1]:
+        stack[-1] = (Tree(value, [stack[-1][0]]), True)
+        open_count += 1
+      else:  # no finished node to be its first child
+        repairs += 1
+    elif open_count == 0:  # a closing with nothing open
+      repairs += 1
+    else:
+      node = close()
+      repairs += closing == "labeled" and value[1:] != node.label
+  repairs += open_count
+  while open_count:
+    close()
+  repairs += len(stack) > 1  # a forest: one tree, the root's child, is the well-formed output
+  return Tree(ROOT, [n for n, _ in stack]), repairs
 
 
 def _remove_empty(root: Tree) -> int:
@@ -378,9 +459,11 @@ def _remove_empty(root: Tree) -> int:
   return removed
 
 
-def _check_closing(closing: str):
+def _check_form(closing: str, order: str = "top_down"):
   if closing not in CLOSINGS:
     raise ValueError(f"closing={closing!r}: expected one of {CLOSINGS}")
+  if order not in ORDERS:
+    raise ValueError(f"order={order!r}: expected one of {ORDERS}")
 
 
 def iter_tree_tokens(trees: Sequence[Tree], closing: str) -> Iterator[str]:
