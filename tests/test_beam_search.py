@@ -601,7 +601,7 @@ def test_top_extensions_is_exact_with_zeros_and_nans():
 
 
 def test_finished_sentences_leave_the_batch_and_keep_their_translations():
-  # A Predictor that halves its batch as soon as half of it is done (blocks of 2 cache
+  # A Predictor that halves its batch as soon as half of it is done (blocks of 4 cache
   # positions, down to 1 row) returns exactly the whole-batch search's translations, and it
   # decodes fewer sentence-steps than rows x steps: the finished sentences did leave.
   params, _ = tiny_model()
@@ -616,7 +616,7 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
     else:
       tokens, _, steps = decode.beam_search(DECODER, params, jnp.asarray(inputs), n, beam, alpha)
       expected = tokens[:, 0]
-    predictor = decode.Predictor(CONFIG, extra, beam, alpha, block=2, min_rows=1)
+    predictor = decode.Predictor(CONFIG, extra, beam, alpha, block=4, min_rows=1)
     stats = {}
     got, got_steps = predictor.search(params, jnp.asarray(inputs), stats=stats)
     np.testing.assert_array_equal(got, np.asarray(expected), err_msg=f"beam {beam}, α {alpha}")
@@ -624,7 +624,7 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
     assert stats["row_steps"] < inputs.shape[0] * got_steps, (beam, alpha, stats, got_steps)
     # Host (numpy) inputs too.
     np.testing.assert_array_equal(predictor(params, inputs), got)
-    whole = decode.Predictor(CONFIG, extra, beam, alpha, block=2, compact=False)
+    whole = decode.Predictor(CONFIG, extra, beam, alpha, block=4, compact=False)
     stats_whole = {}
     np.testing.assert_array_equal(
         whole.search(params, jnp.asarray(inputs), stats=stats_whole)[0], got

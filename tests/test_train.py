@@ -176,6 +176,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch):
   assert straight[5] == resumed[5] and straight[6] == resumed[6]
 
 
+@pytest.mark.slow  # several whole runs (~20 s): run by .ci/run after the default suite
 def test_a_run_started_on_one_device_grows_to_eight_at_the_same_data_position(
     tmp_path, monkeypatch
 ):
@@ -216,6 +217,7 @@ def test_a_run_started_on_one_device_grows_to_eight_at_the_same_data_position(
   assert len(_records(tmp_path / "grown", "start")) == 2  # no session of its own
 
 
+@pytest.mark.slow  # several whole runs (~20 s): run by .ci/run after the default suite
 def test_an_unreadable_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(
     tmp_path, monkeypatch, caplog
 ):
@@ -315,6 +317,7 @@ def test_itstime():
   assert not any(train.itstime(s, 0) for s in range(1, 11))  # 0 = never
 
 
+@pytest.mark.slow  # several whole runs (~20 s): run by .ci/run after the default suite
 def test_time_budget_is_the_runs_across_sessions(tmp_path):
   # A budget this small is spent at the first check (every log_every = 2 steps).
   config = tiny_config(num_steps=6, checkpoint_every=100, log_every=2, max_train_minutes=1e-9)
@@ -344,6 +347,7 @@ def test_time_budget_is_the_runs_across_sessions(tmp_path):
   assert sorted(_train_losses(workdir)) == [2, 4, 6]
 
 
+@pytest.mark.slow  # several whole runs (~20 s): run by .ci/run after the default suite
 def test_a_run_stopped_before_enough_checkpoints_evaluates_its_latest_parameters(tmp_path):
   # §6.1 averaging wants 3 checkpoints; a budget spent at step 2 leaves fewer (steps 1 and 2).
   config = tiny_config(

@@ -308,8 +308,7 @@ def beam_search_with_step_fn(
   Returns (tokens [b, k, n], scores [b, k], steps) as `Beam.result`; steps counts the calls of
   `step_fn` plus the first step.
   """
-  if beam_size < 1:
-    raise ValueError(f"beam_size={beam_size} must be >= 1")
+  _check_beam_size(beam_size)
   if max_decode_len < 1:
     raise ValueError(f"max_decode_len={max_decode_len} must be >= 1")
   if first_log_probs.shape[1] < 2:
