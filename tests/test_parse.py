@@ -47,6 +47,7 @@ def _config_only_workdir(tmp_path, source="ptb") -> pathlib.Path:
   """A workdir holding only config.json: input is checked before anything else is loaded."""
   config = parsing_sample.get_config()
   config.data.source = source
+  config.eval.tree_constraints = source == "ptb"  # a translation run has no trees to constrain
   config.data.path = str(tmp_path)
   config.data.max_len = 8
   workdir = tmp_path / "run"
@@ -121,7 +122,8 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   config.train.checkpoint_every, config.train.eval_every = 30, 30
   config.train.average_last = 2
   config.train.max_train_minutes = 0.0
-  config.eval.beam_size, config.eval.max_decode_extra = 2, 40
+  # Room for a well-formed tree with words (two tokens per word) for every sentence here.
+  config.eval.beam_size, config.eval.max_decode_extra = 2, 100
   config.eval.num_sentences = 8
   workdir = tmp_path / "run"
   results = train.run(config, str(workdir), devices=jax.devices()[:1])

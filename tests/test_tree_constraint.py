@@ -71,7 +71,12 @@ def reference_legal(tokens, prefix, source_words, closing, words, limit=N, order
     tag_ok = {t for t in tokens if token_kind(t) == TAG} - deleted
   left, per_word = len(source_words) - written, 2 if words else 1
   # In order, words go inside an open phrase (or first of all), phrases open over a finished node.
-  shift = remaining and (not in_order or bool(stack) or not prefix)
+  fits = len(prefix) + 2 + len(stack) + per_word * left + 1 <= limit  # an opening, then the rest
+  can_open = (last in (TAG, CLOSE) if in_order else remaining) and fits and run < 10
+  # In order, beside the tree at the top only when no phrase can open over it any more.
+  shift = remaining and (
+      not in_order or bool(stack) or not prefix or not (can_open and not pending)
+  )
   legal = set()
   for i, token in enumerate(tokens):
     kind = token_kind(token)
@@ -80,8 +85,7 @@ def reference_legal(tokens, prefix, source_words, closing, words, limit=N, order
     elif pending:
       ok = kind == TAG
     elif kind == OPEN:  # room to close it, and for every word left, after it
-      fits = len(prefix) + 2 + len(stack) + per_word * left + 1 <= limit
-      ok = (last in (TAG, CLOSE) if in_order else remaining) and fits and run < 10
+      ok = can_open
     elif kind == TAG and not words:
       ok = shift
     elif kind == CLOSE:
@@ -169,6 +173,28 @@ def test_random_walks_match_the_reference_and_restore_without_repair(closing, wo
         tokenizer.decode(prefix).split(), sentence
     )
     assert restored.repairs == 0 and restored.tree.words() == sentence
+
+
+@pytest.mark.parametrize("words", [False, True], ids=["tags", "words"])
+def test_in_order_under_a_limit_too_tight_for_a_tree_writes_a_flat_forest(words):
+  """In order, a phrase opens only over words already written: with room for the words' tokens
+  and EOS alone, the output is the words side by side (one counted repair), never a dead end."""
+  _, tokenizer, tokens, constraint = _setup("labeled", words, "in_order")
+  sentence = ["Pierre", "Vinken", "will"]
+  source = tokenizer.encode(" ".join(sentence)) + [EOS_ID]
+  limit = (2 if words else 1) * len(sentence) + 1
+  prefix = []
+  while not prefix or prefix[-1] != EOS_ID:
+    args = _pad(prefix, N)[None], np.array([limit], np.int32), _pad(source, S)[None]
+    legal = np.asarray(_legal_fn(constraint)(*args))[0]
+    expected = reference_legal(tokens, prefix, source[:-1], "labeled", words, limit, "in_order")
+    assert set(np.flatnonzero(legal).tolist()) == expected, prefix
+    prefix.append(int(np.flatnonzero(legal)[-1]))  # a tag, word or EOS: never an opening
+    assert len(prefix) <= limit
+  restored = trees.Linearization("labeled", words, "in_order").restore(
+      tokenizer.decode(prefix).split(), sentence
+  )
+  assert restored.repairs == 1 and restored.tree.words() == sentence
 
 
 def test_renormalizes_over_the_legal_tokens():

@@ -34,7 +34,8 @@ bracket only right after a finished node (a tag, or a closing) and also once eve
 written, a word or tag only inside an open phrase (or first of all), and a closing bracket as
 soon as its phrase is open (it holds its first child); at most `max_open_run` openings between
 two words, and closing the outermost phrase before the last word only with room left to open
-another over it.
+another over it. Should the limit leave no room for a phrase over the words written, the next
+word goes beside them at the top (a flat forest, which restores with one counted repair).
 
 Anything else (reserved ids, other words) is never legal. There is always a legal token, and
 every output restores with no repair (data/trees.py) as long as the limit leaves room for the
@@ -174,7 +175,9 @@ class TreeConstraint:
     can_open = free & fits & (open_run < self.max_open_run)
     if self.in_order:  # over the node just finished
       can_open &= (last == TAG) | (last == CLOSE)
-      shift = remaining & ((depth > 0) | (length == 0))  # a word or tag may come next
+      # A word or tag inside an open phrase, or first of all; beside the tree at the top only
+      # when no phrase can open over it any more (a limit too tight for a tree: a flat forest).
+      shift = remaining & ((depth > 0) | (length == 0) | ~can_open)
       # Closing the outermost phrase with words left: another must open over it, and fit.
       reopen = (depth == 1) & remaining
       reopen_fits = (length + 3 + per_word * words_left + 1 <= limit) & (
