@@ -350,42 +350,41 @@ def delinearize(
   word tokens are read as position marks only (the tree takes `words`, the input's). `order`:
   the order `tokens` were written in (`linearize`'s)."""
   _check_form(closing, order)
-  repairs = [0]  # counted by _tree_steps as it reads
+  steps = list(_tree_steps(tokens, words, closing, with_words))
   build = _build_in_order if order == "in_order" else _build_top_down
-  root, built_repairs = build(_tree_steps(tokens, words, closing, with_words, repairs), closing)
-  return Restored(root, repairs[0] + built_repairs)
+  root, repairs = build([(step, v) for step, v in steps if step != "repair"], closing)
+  return Restored(root, repairs + sum(step == "repair" for step, _ in steps))
 
 
-def _tree_steps(tokens, words, closing, with_words, repairs) -> Iterator[tuple[str, Any]]:
+def _tree_steps(tokens, words, closing, with_words) -> Iterator[tuple[str, Any]]:
   """The steps of `tokens`: ("tag", a preterminal over the next input word), ("open", label),
   ("close", its token), and at the end ("left", a fallback-tagged preterminal) per word no tag
-  took. Tokens that are no tree token, tags past the last word, and (with words) unpaired words
-  and tags are counted in `repairs[0]` (module docstring)."""
+  took; ("repair", None) for each token that is no tree token, tag past the last word, and (with
+  words) unpaired word or tag (module docstring)."""
   used, pending = 0, False  # with_words: a word token waits for its tag
   for token in tokens:
     if with_words and token[:1] not in ("(", ")"):  # a word
-      repairs[0] += pending  # the word before it got no tag
+      if pending:  # the word before it got no tag
+        yield "repair", None
       pending = True
       continue
     is_tag = len(token) > 2 and token[0] == "(" and token[-1] == ")"
-    if with_words:
-      repairs[0] += pending != is_tag  # a word with no tag, or a tag with no word
-      pending = False
-    if is_tag:
-      if used < len(words):
-        yield "tag", Tree(token[1:-1], [words[used]])
-        used += 1
-      else:
-        repairs[0] += 1
+    if with_words and pending != is_tag:  # a word with no tag, or a tag with no word
+      yield "repair", None
+    pending = False
+    if is_tag and used < len(words):
+      yield "tag", Tree(token[1:-1], [words[used]])
+      used += 1
     elif len(token) > 1 and token[0] == "(" and ")" not in token:  # a phrase opens
       yield "open", token[1:]
     elif token[:1] == ")" and (closing == "labeled" or token == ")"):
       yield "close", token
-    else:
-      repairs[0] += 1
-  repairs[0] += pending
+    else:  # a tag past the last word, or not a tree token
+      yield "repair", None
+  if pending:
+    yield "repair", None
   for word in words[used:]:
-    repairs[0] += 1
+    yield "repair", None
     yield "left", Tree(fallback_tag(word), [word])
 
 
