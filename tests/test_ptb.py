@@ -2,11 +2,14 @@
 
 import shutil
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import parsing_sample, parsing_wsj
 from transformer_jax import config as config_lib
-from transformer_jax import errors, parsing
+from transformer_jax import errors, parsing, train
 from transformer_jax.data import pipeline, ptb, trees
 from transformer_jax.data.tokenizer import UNK_ID, WordTokenizer
 
@@ -135,3 +138,69 @@ def test_vocabulary_and_unknown_word_classes():
   assert ptb.word_class("Wall-Street") == ("<unk:cap-:et>", "<unk:cap->")
   with pytest.raises(errors.UserError, match="vocab_size=10 is smaller"):
     ptb.build_vocabulary(train, "labeled", vocab_size=10)
+
+
+def test_word_dropout_reads_words_as_their_classes_in_source_and_target_alike():
+  text = (
+      "( (S (NP (NNP Smith)) (VP (VBD walked) (ADVP (RB quickly))) (. .)) )\n"
+      "( (S (NP (NNP Smith)) (VP (VBD walked) (ADVP (RB slowly))) (. .)) )\n"
+      "( (S (NP (NNP Jones)) (VP (VBD jumped) (NP (CD 42))) (. .)) )\n"
+  )
+  train_trees = [trees.preprocess(t) for t in trees.parse_trees(text)]
+  tokenizer = ptb.build_vocabulary(train_trees, "labeled", vocab_size=64)
+  table = ptb.word_class_table(tokenizer)
+  known = set(tokenizer.words)
+  for i, token in enumerate(tokenizer.words, start=4):
+    if token in ("Smith", "walked", "."):  # words: read as a word outside the vocabulary is
+      fine, coarse = ptb.word_class(token)
+      expected = fine if fine in known else coarse
+      assert tokenizer.decode([int(table[i])]) == (expected if expected in known else "<unk>")
+    else:  # tree tokens and classes stay
+      assert token[0] in "()<" and table[i] == i
+  assert tokenizer.decode([int(table[i]) for i in tokenizer.encode("Smith walked .")]) == (
+      "<unk> <unk:low> <unk>"  # of the classes, only <unk:low> was seen twice (jumped, -ly)
+  )
+  assert list(table[:4]) == [0, 1, 2, 3]
+
+  source = ptb.encode_words(tokenizer, known, "Smith walked .".split())
+  target = ptb.encode_words(tokenizer, known, "Smith (NNP) (NP walked (VBD) )NP . (.)".split())
+  batch = {
+      "inputs": jnp.asarray([source * 3]),
+      "targets": jnp.asarray([target]),
+      "decoder_inputs": jnp.asarray([[2] + target[:-1]]),
+      "targets_positions": jnp.arange(len(target))[None],
+  }
+  classes = jnp.asarray(table)
+  none = train.drop_words(batch, jax.random.PRNGKey(0), 0.0, classes)
+  assert none.keys() == batch.keys()
+  for key in batch:
+    np.testing.assert_array_equal(none[key], batch[key])
+  every = train.drop_words(batch, jax.random.PRNGKey(0), 1.0, classes)
+  for key in ("inputs", "targets", "decoder_inputs"):
+    np.testing.assert_array_equal(every[key], table[np.asarray(batch[key])])
+  np.testing.assert_array_equal(every["targets_positions"], batch["targets_positions"])
+  # At 0.5, some words are dropped and some kept, and a word is dropped everywhere or nowhere.
+  seen = set()
+  for seed in range(20):
+    half = train.drop_words(batch, jax.random.PRNGKey(seed), 0.5, classes)
+    changed = np.asarray(batch["inputs"]) != np.asarray(half["inputs"])
+    dropped = sorted(set(np.asarray(batch["inputs"])[changed].tolist()))
+    for key in ("inputs", "targets", "decoder_inputs"):
+      before, after = np.asarray(batch[key]), np.asarray(half[key])
+      expected = np.where(np.isin(before, dropped), table[before], before)
+      np.testing.assert_array_equal(after, expected)
+    seen.add(frozenset(dropped))
+  assert len(seen) > 2
+
+
+def test_word_dropout_config():
+  config = parsing_sample.get_config()
+  config.data.word_dropout = 0.1
+  config_lib.validate(config)
+  config.data.word_dropout = 1.0
+  with pytest.raises(config_lib.ConfigError, match="data.word_dropout"):
+    config_lib.validate(config)
+  config = config_lib.default_config()
+  config.data.word_dropout = 0.1
+  with pytest.raises(config_lib.ConfigError, match="data.word_dropout.*ptb runs only"):
+    config_lib.validate(config)

@@ -83,6 +83,10 @@ def default_config() -> ml_collections.ConfigDict:
   # "in_order" after its first child (Liu & Zhang 2017's in-order order; a deviation, off by
   # default): "(NNP) (NP (NNP) )NP (S ..." (data/trees.py).
   c.data.tree_order = "top_down"
+  # ptb: in each training batch, each vocabulary word is read as its unknown-word class with this
+  # probability, in source and target alike (word dropout, a deviation, off by default;
+  # data/ptb.py).
+  c.data.word_dropout = 0.0
   c.data.synthetic_seed = 0
   c.data.synthetic_train_size = 50_000
   c.data.synthetic_eval_size = 500
@@ -196,6 +200,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
       d.tree_order in ("top_down", "in_order"),
       "data.tree_order",
       "expected 'top_down' or 'in_order'",
+  )
+  check(0.0 <= d.word_dropout < 1.0, "data.word_dropout", "must be in [0, 1)")
+  check(
+      d.word_dropout == 0.0 or d.source == "ptb",
+      "data.word_dropout",
+      "word dropout reads words as the ptb source's unknown-word classes: ptb runs only",
   )
   check(d.max_len >= 2, "data.max_len", "must be >= 2 (a token plus EOS)")
   check(

@@ -48,7 +48,7 @@ from transformer_jax import (
 from transformer_jax import config as config_lib
 from transformer_jax import decode as decode_lib
 from transformer_jax import evaluate as evaluate_lib
-from transformer_jax.data import batching, pipeline, trees
+from transformer_jax.data import batching, pipeline, ptb, trees
 from transformer_jax.model import Transformer
 from transformer_jax.model_config import PAD_ID, TransformerConfig
 
@@ -93,6 +93,19 @@ def loss_and_metrics(params, batch, *, model: Transformer, label_smoothing: floa
   return loss_sum, metrics
 
 
+_WORD_KEYS = ("inputs", "decoder_inputs", "targets")  # the token ids of a batch
+
+
+def drop_words(batch: dict, rng: jax.Array, rate: float, classes) -> dict:
+  """Word dropout (ptb, `config.data.word_dropout`; data/ptb.py): each vocabulary word is read,
+  everywhere in this batch, as its class `classes[id]` with probability `rate`. By word rather
+  than by occurrence, so that a target's copy of a word stays the source's."""
+  vocab = classes.shape[0]
+  dropped = jax.random.bernoulli(rng, rate, (vocab,))  # [v]
+  table = jnp.where(dropped, classes, jnp.arange(vocab, dtype=classes.dtype))  # [v]
+  return {k: table[v] if k in _WORD_KEYS else v for k, v in batch.items()}
+
+
 def train_step(
     state: TrainState,
     batch: dict,
@@ -103,10 +116,15 @@ def train_step(
     schedule: optax.Schedule,
     label_smoothing: float,
     grad_accum_steps: int,
+    word_dropout: float = 0.0,
+    word_classes: np.ndarray | None = None,
 ) -> tuple[TrainState, dict]:
   """One update. The gradient is of the loss summed over the batch's target tokens, divided by
-  their count: the mean over the whole global batch, however it is split into micro-batches."""
+  their count: the mean over the whole global batch, however it is split into micro-batches.
+  `word_dropout` > 0 applies `drop_words` with `word_classes` first."""
   rng = jax.random.fold_in(dropout_rng, state.step)
+  if word_dropout > 0:  # its own stream: the dropout masks stay those of a run without it
+    batch = drop_words(batch, jax.random.fold_in(rng, 2**31 - 1), word_dropout, word_classes)
   grad_fn = jax.grad(
       functools.partial(loss_and_metrics, model=model, label_smoothing=label_smoothing),
       has_aux=True,
@@ -179,8 +197,12 @@ class Trainer:
       model_config: TransformerConfig,
       devices: list[jax.Device] | None = None,
       constraint: tree_constraint.TreeConstraint | None = None,
+      word_classes: np.ndarray | None = None,
   ):
-    """`constraint`: the searches' (parsing runs with `eval.tree_constraints`)."""
+    """`constraint`: the searches' (parsing runs with `eval.tree_constraints`);
+    `word_classes`: word dropout's classes (`drop_words`), needed if `data.word_dropout` > 0."""
+    if config.data.word_dropout and word_classes is None:
+      raise ValueError("data.word_dropout > 0 needs the vocabulary's word_classes")
     self.config = config
     self.model_config = model_config
     self.mesh = sharding.make_mesh(config.mesh, devices)
@@ -216,6 +238,8 @@ class Trainer:
         schedule=self.schedule,
         label_smoothing=config.train.label_smoothing,
         grad_accum_steps=config.train.grad_accum_steps,
+        word_dropout=config.data.word_dropout,
+        word_classes=word_classes,  # [v] int32, a constant of the compiled step
     )
     self._jit_train_step = jax.jit(
         step,
@@ -571,7 +595,8 @@ def _open_run(config: ml_collections.ConfigDict, workdir: str, devices) -> _Run:
   dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
   model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
   constraint = tree_constraint.from_config(config, dataset.tokenizer)
-  trainer = Trainer(config, model_config, devices, constraint)
+  word_classes = ptb.word_class_table(dataset.tokenizer) if config.data.word_dropout else None
+  trainer = Trainer(config, model_config, devices, constraint, word_classes)
   try:
     train_iter = batching.BatchIterator(
         dataset.splits["train"].examples,

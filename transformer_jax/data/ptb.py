@@ -26,6 +26,11 @@ teaches the model what an unknown word of each class is: part-of-speech tagging 
 by their shape and suffix is the classic treatment of rare words in treebank parsers. Source and
 target share the one vocabulary (and the one embedding matrix, §3.4). It is stored in the workdir
 as `vocab.txt` (data.tokenizer.WordTokenizer), and a workdir that has one keeps it.
+
+Word dropout (`config.data.word_dropout`, a deviation, off by default): in each training batch,
+each vocabulary word is read as its class with that probability, in the source and the target
+alike (`word_class_table`; train.drop_words), so that the model learns more of what a word's
+shape and suffix say than the 3k trees of the sample teach it about each word.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import re
 from collections.abc import Sequence
 
 import ml_collections
+import numpy as np
 
 from transformer_jax import distributed, errors
 from transformer_jax import files as files_lib
@@ -160,6 +166,21 @@ def encode_words(tokenizer: WordTokenizer, known: set[str], words: Sequence[str]
       word = fine if fine in known else coarse
     out.append(word)
   return tokenizer.encode(" ".join(out))
+
+
+def word_class_table(tokenizer: WordTokenizer) -> np.ndarray:
+  """[v] int32: each vocabulary word's id -> the id of the class a word outside the vocabulary
+  would be read as (its fine class if in the vocabulary, else its coarse class, else `<unk>`, as
+  `encode_words`); reserved ids, tree tokens and the classes themselves -> themselves. What word
+  dropout (`config.data.word_dropout`) replaces a word with."""
+  known = set(tokenizer.words)
+  table = np.arange(tokenizer.vocab_size, dtype=np.int32)
+  for index, word in enumerate(tokenizer.words, start=len(RESERVED_TOKENS)):
+    if word[:1] in ("(", ")") or word.startswith("<unk"):  # tree tokens, classes
+      continue
+    fine, coarse = word_class(word)
+    table[index] = tokenizer.encode(fine if fine in known else coarse)[0]
+  return table
 
 
 def build_vocabulary(train: Sequence[trees.Tree], closing: str, vocab_size: int) -> WordTokenizer:
