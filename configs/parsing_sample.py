@@ -23,7 +23,9 @@ test F1 55.7 (P 54.1, R 57.3) over all 273 sentences, tagging accuracy 93.6%; va
 constrained: 31.2 (over 287 of 328 sentences), and decoded freely (the paper's way) EVALB scores
 only ~10% of the sentences. What limits it: 3k training trees (from step 1,500 to 2,500 the
 validation NLL fell 1.55 -> 1.40, the training pairs' 1.21 -> 0.80; validation F1 on 50 sentences
-stayed at 53-54 from step 1,000) and the steps an hour on 2 cores gives.
+stayed at 53-54 from step 1,000) and the steps an hour on 2 cores gives: more dropout (0.3,
+attention 0.2) and word dropout 0.1 (`data.word_dropout`) both learned slower within the same
+2,600 steps (word dropout: validation F1 53.7 against 56.0; docs/experiments.md).
 
 results.json gets test_f1, precision, recall, complete match and the number of repaired
 outputs; test_trees.mrg the parses (one per line) and test_gold.mrg the gold trees, which
