@@ -118,13 +118,15 @@ def test_malformed_tree_stops_loading_naming_file_and_tree(tmp_path):
     pipeline.load_dataset(config)
 
 
+THREE_TREES = (
+    "( (S (NP (NNP Smith)) (VP (VBD walked) (ADVP (RB quickly))) (. .)) )\n"
+    "( (S (NP (NNP Smith)) (VP (VBD talked) (ADVP (RB slowly))) (. .)) )\n"
+    "( (S (NP (NNP Jones)) (VP (VBD jumped) (NP (CD 42))) (. .)) )\n"
+)
+
+
 def test_vocabulary_and_unknown_word_classes():
-  text = (
-      "( (S (NP (NNP Smith)) (VP (VBD walked) (ADVP (RB quickly))) (. .)) )\n"
-      "( (S (NP (NNP Smith)) (VP (VBD talked) (ADVP (RB slowly))) (. .)) )\n"
-      "( (S (NP (NNP Jones)) (VP (VBD jumped) (NP (CD 42))) (. .)) )\n"
-  )
-  train = [trees.preprocess(t) for t in trees.parse_trees(text)]
+  train = [trees.preprocess(t) for t in trees.parse_trees(THREE_TREES)]
   tokenizer = ptb.build_vocabulary(train, "labeled", vocab_size=64)
   words = tokenizer.words
   assert "(S" in words and ")VP" in words and "(NNP)" in words  # tree tokens, whole
@@ -141,11 +143,7 @@ def test_vocabulary_and_unknown_word_classes():
 
 
 def test_word_dropout_reads_words_as_their_classes_in_source_and_target_alike():
-  text = (
-      "( (S (NP (NNP Smith)) (VP (VBD walked) (ADVP (RB quickly))) (. .)) )\n"
-      "( (S (NP (NNP Smith)) (VP (VBD walked) (ADVP (RB slowly))) (. .)) )\n"
-      "( (S (NP (NNP Jones)) (VP (VBD jumped) (NP (CD 42))) (. .)) )\n"
-  )
+  text = THREE_TREES + "( (S (NP (NNP Smith)) (VP (VBD walked)) (. .)) )\n"  # walked twice
   train_trees = [trees.preprocess(t) for t in trees.parse_trees(text)]
   tokenizer = ptb.build_vocabulary(train_trees, "labeled", vocab_size=64)
   table = ptb.word_class_table(tokenizer)
@@ -158,7 +156,7 @@ def test_word_dropout_reads_words_as_their_classes_in_source_and_target_alike():
     else:  # tree tokens and classes stay
       assert token[0] in "()<" and table[i] == i
   assert tokenizer.decode([int(table[i]) for i in tokenizer.encode("Smith walked .")]) == (
-      "<unk> <unk:low> <unk>"  # of the classes, only <unk:low> was seen twice (jumped, -ly)
+      "<unk> <unk:low:ed> <unk>"  # <unk:cap:th> and <unk:sym> were not seen twice
   )
   assert list(table[:4]) == [0, 1, 2, 3]
 
