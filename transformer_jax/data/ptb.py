@@ -159,13 +159,15 @@ def encode_words(tokenizer: WordTokenizer, known: set[str], words: Sequence[str]
   tree tokens (a target's brackets and tags) are taken as they are.
 
   `known` is `set(tokenizer.words)`, made once by the caller."""
-  out = []
-  for word in words:
-    if word not in known and word[:1] not in ("(", ")"):  # tree tokens stay as they are
-      fine, coarse = word_class(word)
-      word = fine if fine in known else coarse
-    out.append(word)
+  out = [w if w in known or trees.is_tree_token(w) else _class_token(w, known) for w in words]
   return tokenizer.encode(" ".join(out))
+
+
+def _class_token(word: str, known: set[str]) -> str:
+  """The class `word` is read as when the vocabulary lacks it: fine if known, else coarse (which
+  the tokenizer reads as `<unk>` if it does not know that either)."""
+  fine, coarse = word_class(word)
+  return fine if fine in known else coarse
 
 
 def word_class_table(tokenizer: WordTokenizer) -> np.ndarray:
@@ -176,10 +178,8 @@ def word_class_table(tokenizer: WordTokenizer) -> np.ndarray:
   known = set(tokenizer.words)
   table = np.arange(tokenizer.vocab_size, dtype=np.int32)
   for index, word in enumerate(tokenizer.words, start=len(RESERVED_TOKENS)):
-    if word[:1] in ("(", ")") or word.startswith("<unk"):  # tree tokens, classes
-      continue
-    fine, coarse = word_class(word)
-    table[index] = tokenizer.encode(fine if fine in known else coarse)[0]
+    if not trees.is_tree_token(word) and not word.startswith("<unk"):  # a word, not a class
+      table[index] = tokenizer.encode(_class_token(word, known))[0]
   return table
 
 

@@ -271,6 +271,11 @@ def tag_token(tag: str) -> str:
   return f"({tag})"
 
 
+def is_tree_token(token: str) -> bool:
+  """A bracket or a tag of a linearized tree (`(NP`, `)NP`, `)`, `(NNP)`), not a word."""
+  return token[:1] in ("(", ")")
+
+
 def linearize(
     tree: Tree, closing: str = "labeled", words: bool = False, order: str = "top_down"
 ) -> list[str]:
@@ -363,7 +368,7 @@ def _tree_steps(tokens, words, closing, with_words) -> Iterator[tuple[str, Any]]
   words) unpaired word or tag (module docstring)."""
   used, pending = 0, False  # with_words: a word token waits for its tag
   for token in tokens:
-    if with_words and token[:1] not in ("(", ")"):  # a word
+    if with_words and not is_tree_token(token):  # a word
       if pending:  # the word before it got no tag
         yield "repair", None
       pending = True
