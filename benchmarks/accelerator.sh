@@ -1,42 +1,92 @@
 #!/usr/bin/env bash
-# The README's accelerator rows of benchmarks/throughput.py, one run each, in one go (so a short
-# GPU reservation measures them all). Usage: bash benchmarks/accelerator.sh [OUTDIR]
+# The README's accelerator rows, one run each, in one go (so a short GPU reservation measures
+# them all). Usage:
+#
+#   CORPUS=DIR RUN=WORKDIR ROWS="..." bash benchmarks/accelerator.sh [OUTDIR]
+#
+# Rows (ROWS: a space-separated subset, default all that can run):
+#   big_bf16_corpus, base_bf16_corpus  configs/{big,base}.py train step (throughput.py) on the
+#       first packed batch of a text corpus CORPUS (train/valid/test.{en,de}, e.g. from
+#       ../shared/tools/make_wmt_sized.py), prepared once into PREPARED (default
+#       OUTDIR/prepared) by the first of them; skipped without CORPUS.
+#   big_bf16_512x64 (with --breakdown), big_bf16_256x128, big_bf16_1024x64,
+#   big_bf16_512x64_triton_gemm, base_bf16_512x64, base_fp32_256x64  synthetic batches.
+#   decode  benchmarks/decode.py (greedy and beam 4) on a trained run RUN (its --workdir), batches
+#       of DECODE_BATCH_TOKENS source tokens (default the CPU default), its checkpoint
+#       DECODE_CHECKPOINT (decode.py --checkpoint, default auto), its sentences DECODE_INPUT
+#       (default: the run's test split); skipped without RUN.
 # Writes OUTDIR/results.jsonl (one {"name", "rc", "result"} line per run; result is the
 # benchmark's JSON line, or null when it failed, with its stderr's tail in OUTDIR/errors.log) and
-# prints one summary line per run.
+# prints one summary line per run. Each run is cut off after TIMEOUT seconds (default 300).
 set -u
 out=${1:-/tmp/accelerator_bench}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 logs=$(mktemp -d)
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
 cd "$(dirname "$0")/.."
+rows=" ${ROWS:-all} "
 
-run() {  # NAME throughput.py-arguments...
-  local name=$1; shift
-  timeout 300 python3 benchmarks/throughput.py "$@" >"$logs/$name.out" 2>"$logs/$name.err"
-  local rc=$? line
+want() { [[ $rows == " all " || $rows == *" $1 "* ]]; }
+
+record() {  # NAME RC: the JSON line of $logs/NAME.out into results.jsonl; 1 if there is none
+  local name=$1 rc=$2 line
   line=$(grep '^{' "$logs/$name.out" | tail -1)
   echo "{\"name\": \"$name\", \"rc\": $rc, \"result\": ${line:-null}}" >>"$out/results.jsonl"
   if [[ -z $line ]]; then
     echo "$name: FAILED (rc $rc)"
     { echo "== $name"; tail -40 "$logs/$name.err"; } >>"$out/errors.log"
-    return
+    return 1
   fi
-  python3 - "$name" "$line" <<'PY'
+  echo "$line" >"$logs/$name.json"
+}
+
+run() {  # NAME throughput.py-arguments...
+  local name=$1; shift
+  want "$name" || return 0
+  timeout "${TIMEOUT:-300}" python3 benchmarks/throughput.py "$@" >"$logs/$name.out" \
+    2>"$logs/$name.err"
+  record "$name" $? || return 0
+  python3 - "$name" "$logs/$name.json" <<'PY'
 import json, sys
-r = json.loads(sys.argv[2])
+r = json.load(open(sys.argv[2]))
 ms, peak = r["step_time_s"] * 1e3, r["peak_flops"] / 1e12
-print(f"{sys.argv[1]}: {ms:.1f} ms/step, {r['tokens_per_s']:,.0f} target tokens/s,"
-      f" MFU {r['mfu']:.3f} of {peak:.3g} TFLOP/s ({r['device']}, {r['dtype']})")
+nominal = r.get("mfu_nominal")
+nominal = f"MFU {nominal:.3f} of {r['nominal_peak_flops'] / 1e12:.4g} nominal, " if nominal else ""
+print(f"{sys.argv[1]}: {ms:.1f} ms/step, {r['tokens_per_s']:,.0f} target tokens/s, {nominal}"
+      f"{r['mfu']:.3f} of {peak:.3g} TFLOP/s measured ({r['device']}, {r['dtype']},"
+      f" batch {r['batch_shape']})")
 PY
 }
 
 big=(--config configs/big.py)
 base=(--config configs/base.py)
+if [[ -n ${CORPUS:-} ]]; then
+  corpus=(--config.data.source=text "--config.data.path=$CORPUS" --config.data.eval_split=valid
+    "--config.data.cache_dir=${PREPARED:-$out/prepared}")
+  run big_bf16_corpus "${big[@]}" "${corpus[@]}"
+  run base_bf16_corpus "${base[@]}" "${corpus[@]}"
+fi
 run big_bf16_512x64 "${big[@]}" --batch_size=512 --seq_len=64 --breakdown
 run big_bf16_256x128 "${big[@]}" --batch_size=256 --seq_len=128
 run big_bf16_1024x64 "${big[@]}" --batch_size=1024 --seq_len=64
 run big_bf16_512x64_triton_gemm "${big[@]}" --batch_size=512 --seq_len=64 --config.xla_flags=
 run base_bf16_512x64 "${base[@]}" --batch_size=512 --seq_len=64
 run base_fp32_256x64 "${base[@]}" --batch_size=256 --seq_len=64 --config.model.dtype=float32
+
+if [[ -n ${RUN:-} ]] && want decode; then
+  timeout "${TIMEOUT:-300}" python3 benchmarks/decode.py --workdir "$RUN" \
+    --checkpoint "${DECODE_CHECKPOINT:-auto}" ${DECODE_INPUT:+--input "$DECODE_INPUT"} \
+    ${DECODE_BATCH_TOKENS:+--batch_tokens "$DECODE_BATCH_TOKENS"} >"$logs/decode.out" \
+    2>"$logs/decode.err"
+  if record decode $?; then
+    python3 - "$logs/decode.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+modes = ", ".join(f"{m} {r[m]['sentences_per_s']:,.0f} sentences/s" for m in ("greedy", "beam4"))
+print(f"decode: {modes}, beam 4 / greedy time {r['beam_over_greedy_time']} ({r['device']},"
+      f" {r['batch_tokens']} source tokens a batch)")
+PY
+  fi
+fi
 rm -rf "$logs"

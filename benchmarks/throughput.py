@@ -1,11 +1,13 @@
 """Training-step throughput and MFU: the compiled train step alone, no input pipeline.
 
 Prints one JSON line: median step time over `--steps` timed steps (after `--warmup` steps, each
-ended with block_until_ready), target tokens/s, achieved FLOP/s and MFU against a matmul peak
-measured on the same devices in the same run and dtype (square `--peak_n` matmuls, `--peak_chain`
-of them dispatched back to back per measurement, median), the timed steps and peak measurements
-interleaved so both see the same load. Model configs apply `config.xla_flags` as training does.
-All accelerator rows of the README: `bash benchmarks/accelerator.sh OUTDIR`.
+ended with block_until_ready), target tokens/s, achieved FLOP/s, and MFU twice: `mfu_nominal`
+against the device's nominal dense peak from its data sheet (`NOMINAL_PEAKS`; null for a device
+not listed there, e.g. a CPU), the figure MFU is usually quoted against, and `mfu` against a
+matmul peak measured on the same devices in the same run and dtype (square `--peak_n` matmuls,
+`--peak_chain` of them dispatched back to back per measurement, median), the timed steps and peak
+measurements interleaved so both see the same load. Model configs apply `config.xla_flags` as
+training does. All accelerator rows of the README: `bash benchmarks/accelerator.sh OUTDIR`.
 
   python benchmarks/throughput.py --config configs/quickstart.py \\
       --config.model.num_layers=3 --config.model.d_model=256 --config.model.num_heads=4 \\
@@ -13,7 +15,8 @@ All accelerator rows of the README: `bash benchmarks/accelerator.sh OUTDIR`.
 
 With --batch_size and --seq_len the batch is synthetic: random tokens, no padding, source and
 target both seq_len long, vocabulary config.data.vocab_size (nothing is read or tokenized).
-Without them, the first training batch of the configured data is used (loading not timed).
+Without them, the first training batch of the configured data is used, as training reads it
+(packed rows with data.packing; loading not timed).
 
 FLOPs (`flops_per_step`, used for MFU) are counted analytically, as matmul FLOPs only (2 per
 multiply-add; the backward pass costs twice the forward, so training = 3x forward):
@@ -96,6 +99,32 @@ def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> f
   return 3.0 * forward  # backward = 2 x forward
 
 
+# Nominal dense matmul peaks per device (vendors' data sheets), by dtype, for `mfu_nominal`: the
+# figure MFU is usually quoted against (PaLM, nanoGPT, MaxText). float32 on NVIDIA GPUs is TF32,
+# which XLA uses for float32 matmuls at JAX's default precision. Matched by the start of
+# `device_kind`, longest first; an unknown device reports no nominal MFU.
+NOMINAL_PEAKS = {
+    "NVIDIA H100 80GB HBM3": {"bfloat16": 989.4e12, "float32": 494.7e12},  # SXM
+    "NVIDIA H100 NVL": {"bfloat16": 835.5e12, "float32": 417.8e12},
+    "NVIDIA H100 PCIe": {"bfloat16": 756.5e12, "float32": 378.0e12},
+    "NVIDIA H200": {"bfloat16": 989.4e12, "float32": 494.7e12},  # SXM; the H100 SXM's compute
+    "NVIDIA A100": {"bfloat16": 312e12, "float32": 156e12},
+    "TPU v4": {"bfloat16": 275e12},
+    "TPU v5 lite": {"bfloat16": 197e12},
+    "TPU v5p": {"bfloat16": 459e12},
+    "TPU v5": {"bfloat16": 459e12},
+    "TPU v6 lite": {"bfloat16": 918e12},
+}
+
+
+def nominal_peak(device_kind: str, dtype: str) -> float | None:
+  """Per-device nominal dense peak FLOP/s of `device_kind` in `dtype`, or None if unknown."""
+  for name in sorted(NOMINAL_PEAKS, key=len, reverse=True):
+    if device_kind.startswith(name):
+      return NOMINAL_PEAKS[name].get(dtype)
+  return None
+
+
 def time_calls(fn, repeats: int) -> list[float]:
   import jax
 
@@ -158,7 +187,7 @@ def main(argv):
 
   from transformer_jax import config as config_lib
   from transformer_jax import train, xla_flags
-  from transformer_jax.data import batching, pipeline
+  from transformer_jax.data import pipeline
   from transformer_jax.data.tokenizer import PAD_ID
 
   config = cli.config_value(_CONFIG)
@@ -177,21 +206,16 @@ def main(argv):
     vocab_size = config.data.vocab_size
     host_batch = synthetic_batch(_BATCH_SIZE.value, _SEQ_LEN.value, vocab_size)
     source = "random tokens (--batch_size, --seq_len)"
+    trainer = train.Trainer(config, config_lib.model_config(config, vocab_size))
   else:
     dataset = pipeline.load_dataset(config)
     vocab_size = dataset.tokenizer.vocab_size
-    host_batch = next(
-        batching.BatchIterator(
-            dataset.splits["train"].examples,
-            seed=config.seed,
-            bucket_lengths=dataset.bucket_lengths(config.data),
-            tokens_per_batch=config.data.tokens_per_batch,
-        )
-    )
-    source = f"first training batch of data.source={config.data.source!r}"
+    trainer = train.Trainer(config, config_lib.model_config(config, vocab_size))
+    host_batch = next(iter(train.train_batches(config, dataset, trainer)))  # as training reads it
+    packed = " (packed rows)" if config.data.packing else ""
+    source = f"first training batch of data.source={config.data.source!r}{packed}"
 
-  model_config = config_lib.model_config(config, vocab_size)
-  trainer = train.Trainer(config, model_config)
+  model_config = trainer.model_config
   rows, source_len = host_batch["inputs"].shape
   target_len = host_batch["targets"].shape[1]
   target_tokens = int(np.count_nonzero(host_batch["targets"] != PAD_ID))
@@ -251,6 +275,8 @@ def main(argv):
   flops = model_flops_per_step(model_config, rows, source_len, target_len)
   achieved = flops / step_s
   devices = trainer.mesh.devices
+  nominal = nominal_peak(devices.flat[0].device_kind, np.dtype(dtype).name)
+  nominal = nominal * devices.size if nominal else None
   print(
       json.dumps(
           {
@@ -287,6 +313,8 @@ def main(argv):
                   f" {peak_chain} back to back"
               ),
               "mfu": round(achieved / peak, 4),
+              "nominal_peak_flops": nominal,
+              "mfu_nominal": round(achieved / nominal, 4) if nominal else None,
               **breakdown,
           }
       )

@@ -5,8 +5,9 @@ SentencePiece vocabulary (the paper used BPE), batches of ~25k source + ~25k tar
 steps with warmup 4000 (§5), the average of the last 5 checkpoints, beam 4, α 0.6 (§6.1).
 
 Expected: 27.3 BLEU on newstest2014 (the paper's, after 12 hours on 8 P100 GPUs). Status: a
-target, not yet run on WMT here. Only its train step was measured (2026-11-22): 59.1 ms at 512 × 64
-tokens in bf16 on one H100 (README, Benchmarks).
+target, not yet run on WMT here. Only its train step was measured: on one H200 (2026-11-26), 54.5
+ms for a batch of 97 packed rows of 256 from a WMT14-sized corpus, MFU 0.19 of the nominal 989
+TFLOP/s, so the 100k steps would take ~1.5 hours of train steps on one H200 (README, Benchmarks).
 
 Data: TFDS `wmt14_translate/de-en`, read as EN→DE (`pip install -e '.[tfds]'`).
 

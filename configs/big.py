@@ -5,8 +5,10 @@ Table 3), the average of the last 20 checkpoints, beam 4, α 0.6 (§6.1); the re
 `configs/big.py:enfr` is EN→FR (P_drop 0.1).
 
 Expected: 28.4 BLEU on newstest2014 EN→DE, 41.8 EN→FR (the paper's, after 3.5 days on 8 P100
-GPUs). Status: a target, not yet run on WMT here. Only its train step was measured (2026-11-22):
-114.7 ms at 256 × 128 tokens in bf16 on one H100, MFU 0.38 of the nominal 989 TFLOP/s (README).
+GPUs). Status: a target, not yet run on WMT here. Only its train step was measured: on one H200
+(2026-11-26), 113.2 ms for a batch of 97 packed rows of 256 from a WMT14-sized corpus, MFU 0.30 of
+the nominal 989 TFLOP/s (0.38 at 256 × 128 on an H100), so the 300k steps would take ~9.4 hours of
+train steps on one H200 (README, Benchmarks).
 
   python train.py --config configs/big.py --workdir gs://BUCKET/big
   python train.py --config configs/big.py:enfr --workdir gs://BUCKET/big_enfr

@@ -41,6 +41,35 @@ def test_throughput_prints_one_json_line_whose_flop_count_matches_xla():
   # is well below 1 (0.13-0.15 on 2 shared cores). Above 1, the FLOP count or a timing is wrong.
   assert 0 < r["mfu"] < 1.0
   assert r["peak_matmul"].endswith("3 back to back")
+  # A CPU has no nominal peak in the table: no nominal MFU rather than a made-up one.
+  assert r["nominal_peak_flops"] is None and r["mfu_nominal"] is None
   # XLA counts every FLOP of the step (softmax, LayerNorm, Adam too); the analytic count is
   # matmuls only, so it is a little lower, never higher (checks the formula's terms and factors).
   assert 0.8 < r["flops_per_step"] / r["xla_flops_per_step"] <= 1.0
+
+
+@pytest.mark.subprocess
+def test_throughput_times_the_first_batch_as_training_reads_it_packed(tmp_path):
+  from test_pipeline import small_corpus
+
+  small_corpus(tmp_path, num_pairs=600)
+  args = [
+      "--config", "configs/quickstart.py:smoke", "--config.data.source=text",
+      f"--config.data.path={tmp_path}", "--config.data.vocab_size=120",
+      f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.data.packing=True",
+      "--config.data.max_len=32", "--config.model.max_len=32", "--config.data.tokens_per_batch=256",
+      "--steps=1", "--warmup=0", "--peak_n=256", "--peak_repeats=1",
+  ]  # fmt: skip
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  out = subprocess.run(
+      [sys.executable, "benchmarks/throughput.py", *args],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+  assert r["batch"] == "first training batch of data.source='text' (packed rows)"
+  rows, source_len, target_len = r["batch_shape"]
+  # Rows of max_len positions, each holding several pairs (3-11 words a side): far more real
+  # target tokens than one pair per row could give, ~tokens_per_batch positions in all.
+  assert source_len == target_len == 32 and rows == 256 // 32
+  assert r["target_tokens_per_step"] > 0.8 * rows * 32

@@ -332,6 +332,24 @@ class Trainer:
       yield {k: v[start : start + process_rows] for k, v in batch.items()}
 
 
+def train_batches(config, dataset, trainer: Trainer) -> batching.BatchIterator:
+  """This process's training batches of `dataset` as `config.data` asks for them (buckets or
+  packed rows, ~tokens_per_batch per side), rows a multiple of the trainer's batch shards."""
+  try:
+    return batching.BatchIterator(
+        dataset.splits["train"].examples,
+        seed=config.seed,
+        bucket_lengths=dataset.bucket_lengths(config.data),
+        tokens_per_batch=config.data.tokens_per_batch,
+        batch_multiple=batch_multiple(config, trainer.num_batch_shards),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        packing=config.data.get("packing", False),  # configs saved before the key existed
+    )
+  except ValueError as e:  # the data and the batch settings do not fit: e.g. no full batch
+    raise config_lib.ConfigError(f"config.data: {e}") from None
+
+
 def batch_multiple(config: ml_collections.ConfigDict, num_batch_shards: int) -> int:
   """Global rows of every training batch are a multiple of this: the devices the batch is split
   over times the micro-batches (every device gets equal rows of each), the processes (equal rows
@@ -597,19 +615,7 @@ def _open_run(config: ml_collections.ConfigDict, workdir: str, devices) -> _Run:
   constraint = tree_constraint.from_config(config, dataset.tokenizer)
   word_classes = ptb.word_class_table(dataset.tokenizer) if config.data.word_dropout else None
   trainer = Trainer(config, model_config, devices, constraint, word_classes)
-  try:
-    train_iter = batching.BatchIterator(
-        dataset.splits["train"].examples,
-        seed=config.seed,
-        bucket_lengths=dataset.bucket_lengths(config.data),
-        tokens_per_batch=config.data.tokens_per_batch,
-        batch_multiple=batch_multiple(config, trainer.num_batch_shards),
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        packing=config.data.get("packing", False),  # configs saved before the key existed
-    )
-  except ValueError as e:  # the data and the batch settings do not fit: e.g. no full batch
-    raise config_lib.ConfigError(f"config.data: {e}") from None
+  train_iter = train_batches(config, dataset, trainer)
   logging.info(
       "model: %s; %d train pairs (%d truncated); rows per bucket %s; mesh %s",
       model_config,
