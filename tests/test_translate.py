@@ -17,6 +17,7 @@ from transformer_jax import (
     checkpoint,
     evaluate,
     inference,
+    saved_programs,
     train,
     tune_decoding,
 )
@@ -345,18 +346,23 @@ def test_translate_uses_the_users_jax_compilation_cache_dir(trained_run, tmp_pat
     proc = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = re.search(
-        r"programs: (\d+) loaded from the compilation cache \((.*)\), (\d+) compiled", proc.stderr
+        r"programs: (\d+) loaded from the compilation cache \((.*)\), (\d+) compiled; "
+        r"(\d+) read exported, (\d+) exported",
+        proc.stderr,
     )
     assert found and found.group(2) == str(cache), proc.stderr[-2000:]
-    return proc.stdout, int(found.group(1)), int(found.group(3))
+    return proc.stdout, *(int(found.group(i)) for i in (1, 3, 4, 5))
 
-  first, loaded, compiled = translate()
+  first, loaded, compiled, read, exported = translate()
   assert len(first.splitlines()) == 3 and loaded == 0 and compiled > 0
-  kept = {p.name for p in cache.iterdir()}
-  assert len(kept) >= compiled
-  again, loaded, compiled_again = translate()
+  assert read == 0 and exported > 0  # the searches' programs, kept as jax.export files
+  programs = cache / saved_programs.SUBDIR
+  kept = {p.name for p in cache.iterdir()} | {p.name for p in programs.iterdir()}
+  assert len(kept) >= compiled + exported
+  again, loaded, compiled_again, read, exported_again = translate()
   assert again == first and loaded > 0 and compiled_again == 0
-  assert {p.name for p in cache.iterdir()} == kept  # nothing new to keep
+  assert read == exported and exported_again == 0  # nothing traced again
+  assert {p.name for p in cache.iterdir()} | {p.name for p in programs.iterdir()} == kept
 
 
 def test_decode_benchmark_reports_speed_memory_steps_and_device(trained_run):

@@ -402,6 +402,7 @@ class Predictor:
     self._start = jax.jit(self._start_impl, static_argnames=("beam_size", "n", "end"))
     self._block = jax.jit(self._block_impl, static_argnames=("beam_size", "end"))
     self.signatures: set[tuple] = set()  # the programs called: (name, shapes, statics)
+    self.saved = None  # saved_programs.SavedPrograms: run the programs exported (commands)
 
   def _start_impl(self, params, inputs, alpha, exit_at, beam_size, n, end):
     """Encodes, runs the first step and the first block (`_block_impl`) of a batch."""
@@ -462,12 +463,14 @@ class Predictor:
     exit_at = np.int32(smaller if smaller < rows else 0)
     if batch.carry is None:
       self.signatures.add(("start", inputs.shape, beam_size, end))
-      outputs = self._start(params, inputs, alpha, exit_at, beam_size=beam_size, n=n, end=end)
+      outputs = self._program("start", beam_size=beam_size, n=n, end=end)(
+          params, inputs, alpha, exit_at
+      )
     else:
       keep = None if batch.keep is None else len(batch.keep)
       self.signatures.add(("block", inputs.shape, beam_size, end, len(batch.where), keep))
-      outputs = self._block(
-          params, batch.carry, alpha, exit_at, batch.keep, beam_size=beam_size, end=end
+      outputs = self._program("block", beam_size=beam_size, end=end)(
+          params, batch.carry, alpha, exit_at, batch.keep
       )
     batch.carry, done, steps, tokens = outputs
     done, steps = distributed.gather(done), int(distributed.gather(steps))  # waits for it
@@ -476,6 +479,13 @@ class Predictor:
     if steps >= end:
       batch.block += 1
     return done, tokens
+
+  def _program(self, name: str, **static) -> Callable:
+    """The jitted `start` or `block` bound to its static arguments, or its exported form."""
+    if self.saved is None:
+      return functools.partial(self._start if name == "start" else self._block, **static)
+    impl = self._start_impl if name == "start" else self._block_impl
+    return self.saved.program(name, impl, static)
 
   def _smaller_batch(self, rows: int, active: int, multiple: int) -> int:
     """The rows to go on with: rows / 2^j for the largest j that keeps the `active` sentences,

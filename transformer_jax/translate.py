@@ -14,7 +14,9 @@ not UTF-8 stops the program with an error naming the file and line. At the end t
 Compiled searches are kept in JAX's persistent compilation cache (compilation.py): the
 --compilation_cache directory, else the user's JAX_COMPILATION_CACHE_DIR, else
 ~/.cache/transformer_jax/jax_cache; a later call with the same model and shapes loads them
-instead of compiling them. `--compilation_cache=` (empty) turns it off.
+instead of compiling them. Beside them, in its transformer_jax_programs/, the searches' programs
+are kept exported (saved_programs.py: jax.export's StableHLO), so that a later call does not
+trace the model again either. `--compilation_cache=` (empty) turns both off.
 """
 
 from __future__ import annotations
@@ -119,10 +121,11 @@ def main(argv):
     cli.check_output_file(args.output)  # before the run is loaded and anything translated
   import jax  # heavy; keeps --help fast
 
-  from transformer_jax import compilation, inference
+  from transformer_jax import compilation, inference, saved_programs
 
   cache = compilation.enable_cache(args.compilation_cache)
   run = inference.load_run(args.workdir, args.checkpoint, args.beam_size, args.alpha)
+  saved = saved_programs.attach(run.predictor, cache)  # a later call traces nothing
   logging.info(
       "translating with %s (%s, α %g); compilation cache: %s", run.checkpoint,
       "greedy" if run.beam_size == 1 else f"beam {run.beam_size}", run.alpha, cache or "off",
@@ -147,9 +150,10 @@ def main(argv):
       source.close()
     if target is not sys.stdout:
       target.close()
+  exported = f"; {saved.loaded} read exported, {saved.exported} exported" if saved else ""
   print(
       f"programs: {log.loaded} loaded from the compilation cache ({cache or 'off'}), "
-      f"{log.compiled} compiled",
+      f"{log.compiled} compiled{exported}",
       file=sys.stderr,
   )
   wall = time.perf_counter() - start
