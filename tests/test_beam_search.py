@@ -448,7 +448,12 @@ def test_blocks_of_cache_length_change_nothing():
   predictor = decode.Predictor(CONFIG, EXTRA, 4, 0.6, block=3, compact=False)
   got, steps = predictor.search(params, inputs)
   np.testing.assert_array_equal(got, whole[0][:, 0])
-  assert steps == int(whole[2])
+  # The Predictor returns the best hypothesis only, so a sentence is done once no alive one can
+  # beat its best finished one (the k-best reference: its worst): the same best, sooner.
+  best_only = decode.Beam(4, best_only=True)
+  early = jax.jit(lambda p, x: blocks_by_hand(best_only, p, x, N, 3, 0.6))(params, inputs)
+  np.testing.assert_array_equal(best_only.best(early, 0.6), whole[0][:, 0])
+  assert steps == int(early.step) < int(whole[2])
   greedy_whole = decode.greedy_search(DECODER, params, inputs, N)
   greedy_blocks = blocks_by_hand(decode.Greedy(), params, inputs, N, 3, 0.0)
   np.testing.assert_array_equal(greedy_blocks.out, greedy_whole[0])
@@ -610,18 +615,24 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
   inputs[:, -1] = EOS_ID
   extra = 11
   n = inputs.shape[1] + extra
-  for beam, alpha in ((1, 0.6), (4, 0.0), (4, 0.6)):
+  for beam, alpha in ((1, 0.6), (4, 0.0), (4, 0.6), (4, -0.5)):
     if beam == 1:
       expected, steps = decode.greedy_search(DECODER, params, jnp.asarray(inputs), n)
-    else:
-      tokens, _, steps = decode.beam_search(DECODER, params, jnp.asarray(inputs), n, beam, alpha)
+    else:  # the Predictor's rule (best only: the same best, in fewer steps)
+      tokens, _, steps = decode.beam_search(
+          DECODER, params, jnp.asarray(inputs), n, beam, alpha, best_only=True
+      )
       expected = tokens[:, 0]
+      k_best = decode.beam_search(DECODER, params, jnp.asarray(inputs), n, beam, alpha)
+      np.testing.assert_array_equal(expected, k_best[0][:, 0])
+      assert int(steps) <= int(k_best[2])
     predictor = decode.Predictor(CONFIG, extra, beam, alpha, block=4, min_rows=1)
     stats = {}
     got, got_steps = predictor.search(params, jnp.asarray(inputs), stats=stats)
     np.testing.assert_array_equal(got, np.asarray(expected), err_msg=f"beam {beam}, α {alpha}")
     assert got_steps == int(steps)
-    assert stats["row_steps"] < inputs.shape[0] * got_steps, (beam, alpha, stats, got_steps)
+    if alpha >= 0:  # (α < 0 favours short outputs: here every sentence is done at step 3)
+      assert stats["row_steps"] < inputs.shape[0] * got_steps, (beam, alpha, stats, got_steps)
     # Host (numpy) inputs too.
     np.testing.assert_array_equal(predictor(params, inputs), got)
     whole = decode.Predictor(CONFIG, extra, beam, alpha, block=4, compact=False)

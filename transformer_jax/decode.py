@@ -20,7 +20,8 @@ hypotheses (extended every step) and k "finished" ones (ended with EOS, ranked b
 penalised score, never extended). One rule is fairseq's: an EOS extension joins the finished set
 only if it ranks among the k best extensions of its step (it would have taken a beam slot). With
 k = 1 the search makes greedy's choices for α = 0. A sentence is done once no alive hypothesis can
-beat its worst finished one, or at its limit; from then on its state is left as it is.
+beat its worst finished one (`Predictor`, which returns only the best: its best one, the same
+best sooner), or at its limit; from then on its state is left as it is.
 
 What makes it fast on a CPU (each measured, see benchmarks/decode.py):
   * The KV cache is never reordered: the cross-attention keys/values are one copy per sentence,
@@ -148,6 +149,7 @@ class Beam:
 
   beam_size: int = 4
   constrain: Callable | None = None  # (log_probs [b, k, v], alive_seqs [b, k, n], limit [b])
+  best_only: bool = False  # only the best is wanted: done once no alive one can beat it
 
   def init(self, first_log_probs, limit, max_decode_len: int, alpha) -> BeamState:
     """The state after the first step ([b, v], the distribution after BOS). Only beam 0 is real
@@ -184,15 +186,18 @@ class Beam:
     return _grow(state, log_probs, alpha)
 
   def done(self, state: BeamState, alpha) -> jax.Array:
-    """[b] bool: at the limit, or no alive hypothesis can beat the worst finished one.
+    """[b] bool: at the limit, or no alive hypothesis can beat the worst finished one (with
+    `best_only`, the best: the same best hypothesis, found in fewer steps).
 
     Log-probs only decrease as a hypothesis grows, so an alive one ends with a score of at most
     alive_log_prob / max lp over the lengths it can still reach: lp(limit) for α >= 0 (lp grows
-    with length), lp(step + 1) for α < 0. Once done, a sentence's finished set cannot change.
+    with length), lp(step + 1) for α < 0. Once done, a sentence's finished set (its best) cannot
+    change.
     """
     longest = jnp.where(alpha >= 0, state.limit, state.step + 1)  # [b]; alpha may be traced
     best_alive = state.alive_log_probs[:, 0] / length_penalty(longest, alpha)  # [b]
-    return (state.step >= state.limit) | (state.finished_scores[:, -1] >= best_alive)
+    finished = state.finished_scores[:, 0 if self.best_only else -1]
+    return (state.step >= state.limit) | (finished >= best_alive)
 
   def result(self, state: BeamState, alpha) -> tuple[jax.Array, jax.Array]:
     """(tokens [b, k, n], scores [b, k]), best first: the finished hypotheses, or the alive ones
@@ -296,6 +301,7 @@ def beam_search_with_step_fn(
     limit: jax.Array | None = None,
     tile: Callable = _tile_rows,
     constrain: Callable | None = None,
+    best_only: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search over `step_fn(tokens [r], cache, position, slots) -> (log_probs [r, v], cache)`.
 
@@ -303,31 +309,32 @@ def beam_search_with_step_fn(
   b; `tile(cache, k)` gives it room for k beams (default: repeat every leaf's rows). Row j of
   sentence i (row i*k + j) writes position p into slot j and reads its prefix's positions q < p
   from slots[i, j, q]; the search never reorders the cache. `limit` [b]: each sentence's maximum
-  output length (default: `max_decode_len`); `constrain` as `Beam`'s.
+  output length (default: `max_decode_len`); `constrain` and `best_only` as `Beam`'s.
 
-  Returns (tokens [b, k, n], scores [b, k], steps) as `Beam.result`; steps counts the calls of
-  `step_fn` plus the first step.
+  Returns (tokens [b, k, n], scores [b, k], steps) as `Beam.result` (with `best_only`, only
+  tokens[:, 0] is the k-best search's); steps counts the calls of `step_fn` plus the first step.
   """
   _check_beam_size(beam_size)
   if max_decode_len < 1:
     raise ValueError(f"max_decode_len={max_decode_len} must be >= 1")
   if first_log_probs.shape[1] < 2:
     raise ValueError(f"the vocabulary must have at least 2 tokens, got {first_log_probs.shape[1]}")
-  search = Beam(beam_size, constrain)
+  search = Beam(beam_size, constrain, best_only)
   state = _reference(search, step_fn, first_log_probs, cache, max_decode_len, alpha, limit, tile)
   return *search.result(state, alpha), state.step
 
 
 def beam_search(
-    decoder, params, inputs, max_decode_len, beam_size=4, alpha=0.6, limit=None, constraint=None
-):
+    decoder, params, inputs, max_decode_len, beam_size=4, alpha=0.6, limit=None, constraint=None,
+    best_only=False,
+):  # fmt: skip
   """§6.1 beam search of a batch [b, s] -> (tokens [b, k, n], scores [b, k], steps).
-  `constraint(log_probs, prefixes, limit, inputs)`: see `Predictor`."""
+  `constraint(log_probs, prefixes, limit, inputs)`: see `Predictor`; `best_only`: `Beam`'s."""
   first_log_probs, cache, sentence = decoder.start(params, inputs, max_decode_len)
   return beam_search_with_step_fn(
       decoder.step_fn(params, inputs, sentence), first_log_probs, cache, max_decode_len,
       beam_size, alpha, limit=limit, tile=decoder.add_beams,
-      constrain=_search(beam_size, constraint, inputs).constrain,
+      constrain=_search(beam_size, constraint, inputs).constrain, best_only=best_only,
   )  # fmt: skip
 
 
@@ -408,7 +415,7 @@ class Predictor:
     """Encodes, runs the first step and the first block (`_block_impl`) of a batch."""
     log_probs, beams, sentence = self.decoder.start(params, inputs, end)
     limit = output_limits(inputs, self.max_decode_extra, n)
-    search = _search(beam_size, self.constraint, inputs)
+    search = _search(beam_size, self.constraint, inputs, best_only=True)
     state = search.init(log_probs, limit, n, alpha)
     if beam_size > 1:
       beams = self.decoder.add_beams(beams, beam_size)
@@ -421,7 +428,7 @@ class Predictor:
     done [b], steps run so far, the best tokens so far [b, n])."""
     if keep is not None:
       carry = jax.tree.map(lambda x: x if x.ndim == 0 else x[keep], carry)
-    search = _search(beam_size, self.constraint, carry.inputs)
+    search = _search(beam_size, self.constraint, carry.inputs, best_only=True)
     step_fn = self.decoder.step_fn(params, carry.inputs, carry.sentence)
     beams = self.decoder.grow(carry.beams, end, beam_size)
     state, beams = run_steps(search, step_fn, carry.state, beams, alpha, end, exit_at)
@@ -514,10 +521,10 @@ class Predictor:
     return len(self.signatures)
 
 
-def _search(beam_size: int, constraint=None, inputs=None) -> Greedy | Beam:
+def _search(beam_size: int, constraint=None, inputs=None, best_only=False) -> Greedy | Beam:
   """The search for `beam_size`, constrained by `constraint` bound to the batch's `inputs`."""
   constrain = None if constraint is None else functools.partial(constraint, inputs=inputs)
-  return Greedy(constrain=constrain) if beam_size == 1 else Beam(beam_size, constrain)
+  return Greedy(constrain=constrain) if beam_size == 1 else Beam(beam_size, constrain, best_only)
 
 
 def _check_beam_size(beam_size: int):
