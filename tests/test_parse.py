@@ -3,6 +3,7 @@
 import io
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -178,14 +179,25 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   assert all(line.startswith("(TOP ") for line in out)
 
   # The parse command with the constraint: well-formed trees over the input's words, none repaired.
-  proc = subprocess.run(
-      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)]
-      + ["--tree_constraints", "--beam_size", "1"],
-      input=sentences.encode(),
-      capture_output=True,
-      cwd=REPO,
-      timeout=600,
-  )
-  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-  assert "; 0 outputs were not well-formed" in proc.stderr.decode()
-  assert [trees.parse_trees(line)[0].words() for line in proc.stdout.decode().splitlines()] == words
+  # Twice, with a compilation cache: the second call compiles nothing and traces nothing.
+  cache = tmp_path / "jax_cache"
+  outputs = []
+  for _ in range(2):
+    proc = subprocess.run(
+        [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)]
+        + ["--tree_constraints", "--beam_size", "1", f"--compilation_cache={cache}"],
+        input=sentences.encode(),
+        capture_output=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert "; 0 outputs were not well-formed" in proc.stderr.decode()
+    out = proc.stdout.decode().splitlines()
+    assert [trees.parse_trees(line)[0].words() for line in out] == words
+    found = re.search(r"(\d+) compiled; (\d+) read exported, (\d+) exported", proc.stderr.decode())
+    assert found, proc.stderr.decode()[-2000:]
+    outputs.append((out, *map(int, found.groups())))
+  (first, compiled, read, exported), (again, compiled_again, read_again, exported_again) = outputs
+  assert compiled > 0 and read == 0 and exported > 0
+  assert again == first and compiled_again == 0 and read_again == exported and not exported_again

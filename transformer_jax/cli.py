@@ -153,3 +153,17 @@ def check_output_file(path: str, flag: str = "--output") -> None:
     raise UserError(f"{flag} {path}: the directory {directory} does not exist")
   if not os.access(directory, os.W_OK):
     raise UserError(f"{flag} {path}: the directory {directory} is not writable")
+
+
+def define_compilation_cache_flag():
+  """The decoding commands' --compilation_cache flag (translate, parse; compilation.py), as the
+  program's own: absl's --help lists the flags of the module named sys.argv[0]."""
+  flags.DEFINE_string(
+      "compilation_cache",
+      None,
+      "JAX's persistent compilation cache directory, where compiled searches are kept for later "
+      "calls, with the searches' programs exported beside it (saved_programs.py) (default: "
+      "$JAX_COMPILATION_CACHE_DIR, else ~/.cache/transformer_jax/jax_cache); empty to turn both "
+      "off.",
+      module_name=sys.argv[0],
+  )

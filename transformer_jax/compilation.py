@@ -80,3 +80,12 @@ class CompileLog:
   def __exit__(self, *exc):
     jax.monitoring.unregister_event_duration_listener(self._duration)
     jax.monitoring.unregister_event_listener(self._event)
+
+
+def summary(log: CompileLog, cache: str | None, saved) -> str:
+  """One line for stderr: the programs a command compiled, loaded and read back exported."""
+  exported = f"; {saved.loaded} read exported, {saved.exported} exported" if saved else ""
+  return (
+      f"programs: {log.loaded} loaded from the compilation cache ({cache or 'off'}), "
+      f"{log.compiled} compiled{exported}"
+  )

@@ -18,6 +18,10 @@ well-formed tree is repaired by data/trees.py's rule, and how many were is print
 The whole input is checked before the model is loaded: an empty line, a line with more words
 than the model reads (config.data.max_len - 1) or a line that is not UTF-8 stops the program
 with one `error:` line naming the line.
+
+Compiled searches are kept as translate keeps them (JAX's persistent compilation cache and the
+programs exported beside it; `--compilation_cache`, empty to turn it off), so a later call
+neither compiles nor traces them again.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def _define_flags():
   )
   flags.DEFINE_string("input", None, "Input file (default: standard input).")
   flags.DEFINE_string("output", None, "Output file (default: standard output).")
+  cli.define_compilation_cache_flag()
 
 
 def read_sentences(stream, name: str, max_words: int) -> list[list[str]]:
@@ -84,7 +89,7 @@ def parse_sentences(run, sentences: list[list[str]], beam_size=None, alpha=None)
 
 def main(argv):
   args = cli.workdir_args(argv)
-  from transformer_jax import inference  # heavy (JAX); keeps --help fast
+  from transformer_jax import compilation, inference, saved_programs  # heavy (JAX): not for --help
 
   config = inference.load_config(args.workdir, args.beam_size, args.alpha, args.tree_constraints)
   if config.data.source != "ptb":
@@ -100,10 +105,12 @@ def main(argv):
       raise errors.UserError(f"--input={args.input}: {e.strerror}") from None
   else:
     sentences = read_sentences(sys.stdin.buffer, "standard input", config.data.max_len - 1)
+  cache = compilation.enable_cache(args.compilation_cache)
   run = inference.load_run(
       args.workdir, args.checkpoint, args.beam_size, args.alpha,
       tree_constraints=args.tree_constraints,
   )  # fmt: skip
+  saved = saved_programs.attach(run.predictor, cache)  # a later call traces nothing
   logging.info(
       "parsing %d sentences with %s (beam %d, α %g, tree constraints %s)",
       len(sentences),
@@ -112,7 +119,8 @@ def main(argv):
       run.alpha,
       run.config.eval.tree_constraints,
   )
-  restored = parse_sentences(run, sentences)
+  with compilation.CompileLog() as log:
+    restored = parse_sentences(run, sentences)
   text = "".join(f"{r.tree}\n" for r in restored)
   if args.output:
     with open(args.output, "w", encoding="utf-8") as f:
@@ -120,6 +128,7 @@ def main(argv):
   else:
     sys.stdout.write(text)
   repaired = sum(r.repairs > 0 for r in restored)
+  print(compilation.summary(log, cache, saved), file=sys.stderr)
   print(
       f"parsed {len(restored)} sentences; {repaired} outputs were not well-formed trees and "
       "were repaired (data/trees.py)",

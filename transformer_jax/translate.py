@@ -98,13 +98,7 @@ def _define_flags():
   flags.DEFINE_integer(
       "chunk_lines", 20_000, "Lines read, translated and written at a time (memory bound)."
   )
-  flags.DEFINE_string(
-      "compilation_cache",
-      None,
-      "JAX's persistent compilation cache directory, where compiled searches are kept for later "
-      "calls (default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/transformer_jax/jax_cache); "
-      "empty to turn it off.",
-  )
+  cli.define_compilation_cache_flag()
 
 
 def main(argv):
@@ -150,12 +144,7 @@ def main(argv):
       source.close()
     if target is not sys.stdout:
       target.close()
-  exported = f"; {saved.loaded} read exported, {saved.exported} exported" if saved else ""
-  print(
-      f"programs: {log.loaded} loaded from the compilation cache ({cache or 'off'}), "
-      f"{log.compiled} compiled{exported}",
-      file=sys.stderr,
-  )
+  print(compilation.summary(log, cache, saved), file=sys.stderr)
   wall = time.perf_counter() - start
   print(
       f"translated {lines} lines ({sentences} sentences) in {wall:.1f} s: "
