@@ -12,6 +12,19 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def run_throughput(args: list[str]) -> dict:
+  """benchmarks/throughput.py on one CPU device: its one JSON line."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  out = subprocess.run(
+      [sys.executable, "benchmarks/throughput.py", *args],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+  assert len(lines) == 1
+  return json.loads(lines[0])
+
+
 @pytest.mark.subprocess
 def test_throughput_prints_one_json_line_whose_flop_count_matches_xla():
   args = [
@@ -21,15 +34,7 @@ def test_throughput_prints_one_json_line_whose_flop_count_matches_xla():
       "--batch_size=16", "--seq_len=24", "--steps=2", "--warmup=1",
       "--peak_n=512", "--peak_repeats=3", "--peak_chain=3",
   ]  # fmt: skip
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-  out = subprocess.run(
-      [sys.executable, "benchmarks/throughput.py", *args],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-  )  # fmt: skip
-  assert out.returncode == 0, out.stderr[-3000:]
-  lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-  assert len(lines) == 1
-  r = json.loads(lines[0])
+  r = run_throughput(args)
   assert r["batch_shape"] == [16, 24, 24] and r["target_tokens_per_step"] == 16 * 24
   # The figures agree with each other: rates are per median step time, MFU is achieved / peak.
   step_s = r["step_time_s"]
@@ -60,13 +65,7 @@ def test_throughput_times_the_first_batch_as_training_reads_it_packed(tmp_path):
       "--config.data.max_len=32", "--config.model.max_len=32", "--config.data.tokens_per_batch=256",
       "--steps=1", "--warmup=0", "--peak_n=256", "--peak_repeats=1",
   ]  # fmt: skip
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-  out = subprocess.run(
-      [sys.executable, "benchmarks/throughput.py", *args],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-  )  # fmt: skip
-  assert out.returncode == 0, out.stderr[-3000:]
-  r = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+  r = run_throughput(args)
   assert r["batch"] == "first training batch of data.source='text' (packed rows)"
   rows, source_len, target_len = r["batch_shape"]
   # Rows of max_len positions, each holding several pairs (3-11 words a side): far more real
