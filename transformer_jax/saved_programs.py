@@ -11,7 +11,7 @@ of the model or the search is traced again.
 
 A file is named by a digest of everything its text depends on: the program's name, its static
 arguments and its arguments' tree, shapes, dtypes and shardings; the caller's `identity` (the
-model config, the search settings, a constraint's tables: `decode.Predictor.identity`); the
+model config, the output limit, a constraint's tables: `predictor_identity`); the
 source of this package; the versions of jax, jaxlib, flax, numpy and ml_dtypes; the platform and
 devices. A change to any of them gives another name, so a stale program is never run. A file
 that cannot be read back (truncated, from another serialization version) is written again.
