@@ -377,8 +377,9 @@ class Predictor:
 
   beam_size 1 is greedy search, otherwise beam search; the same best hypothesis as
   `greedy_search` and `beam_search` (with each sentence's limit; a sentence ends once its best
-  cannot change: `Beam.best_only`), run as jitted blocks of steps driven from the host: one program per cache length (`cache_block_ends`), the first with the encoder and first
-  step. Between blocks the host reads which sentences are done, and once at most half are still
+  cannot change: `Beam.best_only`), run as jitted blocks of steps driven from the host: one
+  program per cache length (`cache_block_ends`), the first with the encoder and first step.
+  Between blocks the host reads which sentences are done, and once at most half are still
   decoding (and `compact`), the rest go on in a batch half the size or smaller (at least
   `min_rows`); a done sentence's hypotheses never change, so this changes no translation. A
   batch sorted by source length still spreads over many output lengths, and a beam search with
