@@ -202,20 +202,17 @@ def main(argv):
         f"--seq_len={_SEQ_LEN.value} exceeds config.model.max_len={config.model.max_len}"
     )
   xla_flags.apply(config.xla_flags)  # as train.run does: the step timed is the step trained
-  if _BATCH_SIZE.value:
-    vocab_size = config.data.vocab_size
+  dataset = None if _BATCH_SIZE.value else pipeline.load_dataset(config)
+  vocab_size = dataset.tokenizer.vocab_size if dataset else config.data.vocab_size
+  model_config = config_lib.model_config(config, vocab_size)
+  trainer = train.Trainer(config, model_config)
+  if dataset is None:
     host_batch = synthetic_batch(_BATCH_SIZE.value, _SEQ_LEN.value, vocab_size)
     source = "random tokens (--batch_size, --seq_len)"
-    trainer = train.Trainer(config, config_lib.model_config(config, vocab_size))
   else:
-    dataset = pipeline.load_dataset(config)
-    vocab_size = dataset.tokenizer.vocab_size
-    trainer = train.Trainer(config, config_lib.model_config(config, vocab_size))
     host_batch = next(iter(train.train_batches(config, dataset, trainer)))  # as training reads it
     packed = " (packed rows)" if config.data.packing else ""
     source = f"first training batch of data.source={config.data.source!r}{packed}"
-
-  model_config = trainer.model_config
   rows, source_len = host_batch["inputs"].shape
   target_len = host_batch["targets"].shape[1]
   target_tokens = int(np.count_nonzero(host_batch["targets"] != PAD_ID))

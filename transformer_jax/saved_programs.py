@@ -84,12 +84,12 @@ class SavedPrograms:
     return functools.partial(self._call, name, fn, static)
 
   def _call(self, name: str, fn: Callable, static: dict, *args):
-    key = f"{self.prefix}{name} {sorted(static.items())} {arguments_key(args)}"
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    if digest not in self._programs:
+    key = f"{name} {sorted(static.items())} {arguments_key(args)}"
+    if key not in self._programs:  # the file's digest only for a program not yet run here
+      digest = hashlib.sha256((self.prefix + key).encode()).hexdigest()
       exported = self._load(digest) or self._export(digest, functools.partial(fn, **static), args)
-      self._programs[digest] = jax.jit(exported.call)
-    return self._programs[digest](*args)
+      self._programs[key] = jax.jit(exported.call)
+    return self._programs[key](*args)
 
   def _path(self, digest: str) -> str:
     return os.path.join(self.directory, digest + SUFFIX)
