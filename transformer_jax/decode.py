@@ -17,22 +17,16 @@ positional table. A translation therefore does not depend on the sentences batch
 
 Beam search keeps per sentence, as tensor2tensor and the Flax WMT example do, k "alive"
 hypotheses (extended every step) and k "finished" ones (ended with EOS, ranked by the length-
-penalised score, never extended). One rule is fairseq's: an EOS extension joins the finished set
-only if it ranks among the k best extensions of its step (it would have taken a beam slot). With
-k = 1 the search makes greedy's choices for α = 0. A sentence is done once no alive hypothesis can
-beat its worst finished one (`Predictor`, which returns only the best: its best one, the same
-best sooner), or at its limit; from then on its state is left as it is.
+penalised score, never extended); an EOS extension joins the finished set only if it ranks among
+the k best extensions of its step (fairseq's rule), so with k = 1 it makes greedy's choices for
+α = 0. A sentence is done at its limit or once no alive hypothesis can beat its worst finished
+one (its best, with `best_only`: the same best, sooner); from then on its state stays as it is.
 
-What makes it fast on a CPU (each measured, see benchmarks/decode.py):
-  * The KV cache is never reordered: the cross-attention keys/values are one copy per sentence,
-    projected once; the self-attention cache has one slot per beam and a small slot table
-    [b, k, n] follows the beams instead (kv_cache.py).
-  * The cache grows in blocks of `DEFAULT_BLOCK` positions, so attention reads the positions
-    written so far, rounded up to the block, not the whole output length.
-  * The top 2k of k*v extensions is a top_k over the 2k chunks of tokens with the highest
-    maxima: the same result as the flat top_k, ties included (`top_k.top_extensions`).
-  * Finished sentences leave the batch (`Predictor`), and α is a traced argument: trying several
-    α compiles once.
+What makes it fast on a CPU (each measured, see benchmarks/decode.py): the KV cache is never
+reordered (one cross-attention copy per sentence, a slot table for the beams: kv_cache.py); it
+grows in blocks of `DEFAULT_BLOCK` positions; the top 2k extensions come from the 2k chunks of
+the vocabulary with the highest maxima (`top_k.top_extensions`, the flat top_k's result); finished
+sentences leave the batch (`Predictor`); α is traced, so trying several α compiles once.
 
 A constraint (`constrain(log_probs [..., v], prefixes [..., n], limit [b]) -> log_probs`, e.g.
 parsing's tree_constraint.py) may reshape each step's distribution given each hypothesis' tokens
@@ -375,32 +369,21 @@ class _Batch:
 class Predictor:
   """(params, inputs [b, s]) -> tokens [b, n], EOS then PAD: the best translation of each row.
 
-  beam_size 1 is greedy search, otherwise beam search; the same best hypothesis as
-  `greedy_search` and `beam_search` (with each sentence's limit; a sentence ends once its best
-  cannot change: `Beam.best_only`), run as jitted blocks of steps driven from the host: one
+  beam_size 1 is greedy search, otherwise beam search: the best hypothesis of `greedy_search` or
+  `beam_search` (`Beam.best_only`), run as jitted blocks of steps driven from the host, one
   program per cache length (`cache_block_ends`), the first with the encoder and first step.
-  Between blocks the host reads which sentences are done, and once at most half are still
-  decoding (and `compact`), the rest go on in a batch half the size or smaller (at least
-  `min_rows`); a done sentence's hypotheses never change, so this changes no translation. A
-  batch sorted by source length still spreads over many output lengths, and a beam search with
-  α > 0 runs until its last sentence cannot improve: without this, most rows of a batch's last
-  blocks would be finished sentences carried along. α is traced, the beam size static.
-  `constraint(log_probs, prefixes, limit, inputs [b, s])`, if given, constrains every step (module
-  docstring).
+  Between blocks the host reads which sentences are done; once at most half are still decoding
+  (and `compact`), the rest go on in a batch half the size or smaller (at least `min_rows`). A
+  done sentence's hypotheses never change, so this changes no translation, and the last blocks of
+  a batch do not carry its finished sentences along. α is traced, the beam size static.
+  `constraint(log_probs, prefixes, limit, inputs [b, s])` constrains every step (module docstring).
   """
 
   def __init__(
-      self,
-      config: TransformerConfig,
-      max_decode_extra: int,
-      beam_size: int = 1,
-      alpha: float = 0.6,
-      block: int | None = DEFAULT_BLOCK,
-      compact: bool = True,
-      min_rows: int = 8,
-      shrink: int = 2,
-      constraint: Callable | None = None,
-  ):
+      self, config: TransformerConfig, max_decode_extra: int, beam_size: int = 1,
+      alpha: float = 0.6, block: int | None = DEFAULT_BLOCK, compact: bool = True,
+      min_rows: int = 8, shrink: int = 2, constraint: Callable | None = None,
+  ):  # fmt: skip
     _check_beam_size(beam_size)
     self.config, self.max_decode_extra = config, max_decode_extra
     self.beam_size, self.alpha, self.block = beam_size, alpha, block
