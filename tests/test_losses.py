@@ -99,3 +99,41 @@ def test_gradient_is_softmax_minus_smoothed_target(dtype):
   expected = weights[..., None] * (softmax - q)
   tol = 1e-6 if dtype == "float32" else 1e-2
   np.testing.assert_allclose(np.asarray(grad, np.float64), expected, atol=tol)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_word_set_scores_a_word_target_as_any_word(eps):
+  """train.word_loss="any": where the target is in the set, p_target is Σ_{w in set} p_w."""
+  logits, targets, weights = example(1)
+  word_set = np.array([False, False, True, True, True])  # ids 2, 3, 4 are words
+  loss, nll, weight = label_smoothed_cross_entropy(logits, targets, weights, eps, word_set)
+  expected_loss = expected_nll = 0.0
+  for b in range(2):
+    for t in range(3):
+      log_p = logits[b, t].astype(np.float64) - np.log(np.sum(np.exp(logits[b, t])))
+      target = targets[b, t]
+      log_target = np.log(np.sum(np.exp(log_p[word_set]))) if word_set[target] else log_p[target]
+      q = np.full(V, eps / (V - 1))
+      q[target] = 1.0 - eps
+      entropy = -sum(qv * np.log(qv) for qv in q if qv > 0)
+      # −Σ_v q_v log p_v with log p_target replaced by the set's log-probability.
+      cross = -(eps / (V - 1)) * (np.sum(log_p) - log_p[target]) - (1.0 - eps) * log_target
+      expected_loss += weights[b, t] * (cross - entropy)
+      expected_nll += weights[b, t] * -log_target
+  np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+  np.testing.assert_allclose(nll, expected_nll, rtol=1e-5)
+  assert float(weight) == 5.0
+  # Word targets lose less than their exact-token loss; the others are unchanged.
+  _, exact_nll, _ = label_smoothed_cross_entropy(logits, targets, weights, eps)
+  assert float(nll) < float(exact_nll)
+
+
+def test_token_accuracy_with_a_word_set_counts_any_word_at_a_word():
+  logits = np.zeros((1, 3, V), np.float32)
+  logits[0, 0, 3] = logits[0, 1, 1] = logits[0, 2, 4] = 5.0  # predicts 3, 1, 4
+  targets = np.array([[4, 0, 4]])
+  weights = np.ones((1, 3), np.float32)
+  word_set = np.array([False, False, True, True, True])
+  assert float(token_accuracy(logits, targets, weights)) == 1.0  # only position 2
+  # Position 0: target word 4, predicted word 3: right; position 1: not a word target.
+  assert float(token_accuracy(logits, targets, weights, word_set)) == 2.0

@@ -9,7 +9,7 @@ import pytest
 
 from configs import parsing_sample, parsing_wsj
 from transformer_jax import config as config_lib
-from transformer_jax import errors, parsing, train
+from transformer_jax import errors, parsing, train, tree_constraint
 from transformer_jax.data import pipeline, ptb, trees
 from transformer_jax.data.tokenizer import UNK_ID, WordTokenizer
 
@@ -202,3 +202,27 @@ def test_word_dropout_config():
   config.data.word_dropout = 0.1
   with pytest.raises(config_lib.ConfigError, match="data.word_dropout.*ptb runs only"):
     config_lib.validate(config)
+
+
+def test_word_loss_config_and_word_set():
+  config = parsing_sample.get_config()
+  config.train.word_loss = "any"
+  config_lib.validate(config)
+  config.data.tree_words = False  # no words in the targets to score
+  with pytest.raises(config_lib.ConfigError, match="train.word_loss.*tree_words"):
+    config_lib.validate(config)
+  config = config_lib.default_config()
+  config.train.word_loss = "any"
+  with pytest.raises(config_lib.ConfigError, match="train.word_loss.*ptb runs"):
+    config_lib.validate(config)
+  config.train.word_loss = "some"
+  with pytest.raises(config_lib.ConfigError, match="expected 'exact' or 'any'"):
+    config_lib.validate(config)
+  train_trees = [trees.preprocess(t) for t in trees.parse_trees(THREE_TREES)]
+  tokenizer = ptb.build_vocabulary(train_trees, "labeled", vocab_size=64)
+  words = tree_constraint.word_set(tokenizer)
+  assert words.shape == (tokenizer.vocab_size,)
+  tokens = ["<pad>", "</s>", "<s>", "<unk>"] + tokenizer.words
+  for token, is_word in zip(tokens, words):  # words, <unk> and its classes; no tree token
+    assert is_word == (token not in ("<pad>", "</s>", "<s>") and not trees.is_tree_token(token))
+  assert words.any() and not words.all()

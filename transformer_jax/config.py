@@ -96,6 +96,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.train.warmup_steps = 4000  # §5.3
   c.train.label_smoothing = 0.1  # ε_ls, §5.4: of the training loss (and of the reported eval loss)
   c.train.lr_multiplier = 1.0
+  # "exact" (the paper): every target token is scored. "any" (a deviation; ptb runs with
+  # data.tree_words): a target word is scored as "a word comes here", its probability the sum
+  # over the vocabulary's words, since the decoding constraint dictates which (losses.py).
+  c.train.word_loss = "exact"
   # Not in the paper: the last cooldown_steps updates scale Eq. 3 linearly down to zero at
   # train.num_steps (0: Eq. 3 alone), for short fixed budgets of steps.
   c.train.cooldown_steps = 0
@@ -202,6 +206,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "expected 'top_down' or 'in_order'",
   )
   check(0.0 <= d.word_dropout < 1.0, "data.word_dropout", "must be in [0, 1)")
+  check(
+      config.train.word_loss in ("exact", "any"),
+      "train.word_loss",
+      f"{config.train.word_loss!r}: expected 'exact' or 'any'",
+  )
+  check(
+      config.train.word_loss == "exact" or (d.source == "ptb" and d.tree_words),
+      "train.word_loss",
+      "'any' scores the words a parsing target writes: ptb runs with data.tree_words=True only",
+  )
   check(
       d.word_dropout == 0.0 or d.source == "ptb",
       "data.word_dropout",

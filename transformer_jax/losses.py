@@ -16,6 +16,7 @@ def label_smoothed_cross_entropy(
     targets: jax.Array,  # [b, t] int
     weights: jax.Array,  # [b, t] float, 0 at padding
     label_smoothing: float,
+    word_set: jax.Array | None = None,  # [v] bool
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Returns (smoothed_loss_sum, nll_sum, weight_sum).
 
@@ -23,6 +24,10 @@ def label_smoothed_cross_entropy(
   tokens (tensor2tensor's form of §5.4's ε_ls = 0.1). The constant entropy of that distribution is
   subtracted, so a perfect prediction of the smoothed target has loss 0 and the loss stays
   comparable across ε. `nll_sum` is the plain negative log-likelihood, for perplexity.
+
+  `word_set` (parsing's `train.word_loss="any"`, a deviation): where the target is in the set,
+  its probability is the set's, Σ_{w in set} p_w — the model is taught *that* a word comes, not
+  which (the search's constraint dictates which: tree_constraint.py).
   """
   vocab_size = logits.shape[-1]
   logits = logits.astype(jnp.float32)
@@ -34,6 +39,11 @@ def label_smoothed_cross_entropy(
   log_z = jax.nn.logsumexp(logits, axis=-1)  # [b, t]
   is_target = jnp.arange(vocab_size) == targets[..., None]  # [b, t, v] bool, fused, not stored
   target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)  # [b, t]
+  token_nll = log_z - target_logit  # -log p of the target token
+  if word_set is not None:
+    word_set = jnp.asarray(word_set)
+    set_logit = jax.nn.logsumexp(jnp.where(word_set, logits, -jnp.inf), axis=-1)  # [b, t]
+    target_logit = jnp.where(word_set[targets], set_logit, target_logit)
   nll = log_z - target_logit  # -log p_target
   if label_smoothing > 0.0:
     confidence = 1.0 - label_smoothing
@@ -43,6 +53,8 @@ def label_smoothed_cross_entropy(
     # with Σ_v log p_v = Σ_v logits_v - V logsumexp(logits).
     sum_log_probs = jnp.sum(logits, axis=-1) - vocab_size * log_z
     smoothed = -low * sum_log_probs + (confidence - low) * nll
+    if word_set is not None:  # 1 - ε on the target (its set), ε/(V-1) on each other token
+      smoothed = -low * (sum_log_probs + token_nll) + confidence * nll
     # Entropy of q, its minimum over p: makes the optimum 0.
     normalizer = -(confidence * jnp.log(confidence) + (vocab_size - 1) * low * jnp.log(low + 1e-20))
     smoothed = smoothed - normalizer
@@ -51,6 +63,14 @@ def label_smoothed_cross_entropy(
   return jnp.sum(smoothed * weights), jnp.sum(nll * weights), jnp.sum(weights)
 
 
-def token_accuracy(logits: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
-  """Number of correctly predicted (non-pad) tokens; divide by the weight sum for accuracy."""
-  return jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
+def token_accuracy(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, word_set: jax.Array | None = None
+) -> jax.Array:
+  """Number of correctly predicted (non-pad) tokens; divide by the weight sum for accuracy.
+  With `word_set` [v] bool, any token of the set is right where the target is in it."""
+  predicted = jnp.argmax(logits, axis=-1)
+  correct = predicted == targets
+  if word_set is not None:
+    word_set = jnp.asarray(word_set)
+    correct = correct | (word_set[targets] & word_set[predicted])
+  return jnp.sum(correct * weights)

@@ -77,17 +77,20 @@ def _model_kwargs(batch: dict) -> dict:
   return {k: batch[k] for k in MODEL_KEYS if k in batch}
 
 
-def loss_and_metrics(params, batch, *, model: Transformer, label_smoothing: float, rngs=None):
-  """Summed label-smoothed loss over non-pad target tokens, plus metric sums."""
+def loss_and_metrics(
+    params, batch, *, model: Transformer, label_smoothing: float, rngs=None, word_set=None
+):  # fmt: skip
+  """Summed label-smoothed loss over non-pad target tokens, plus metric sums. `word_set` [v]
+  bool: `train.word_loss="any"` (losses.py)."""
   logits = model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs)  # [b, t, v]
   weights = (batch["targets"] != PAD_ID).astype(jnp.float32)  # [b, t]
   loss_sum, nll_sum, weight_sum = losses.label_smoothed_cross_entropy(
-      logits, batch["targets"], weights, label_smoothing
+      logits, batch["targets"], weights, label_smoothing, word_set
   )
   metrics = {
       "loss_sum": loss_sum,
       "nll_sum": nll_sum,
-      "correct_sum": losses.token_accuracy(logits, batch["targets"], weights),
+      "correct_sum": losses.token_accuracy(logits, batch["targets"], weights, word_set),
       "weight_sum": weight_sum,
   }
   return loss_sum, metrics
@@ -118,15 +121,19 @@ def train_step(
     grad_accum_steps: int,
     word_dropout: float = 0.0,
     word_classes: np.ndarray | None = None,
+    word_set: np.ndarray | None = None,
 ) -> tuple[TrainState, dict]:
   """One update. The gradient is of the loss summed over the batch's target tokens, divided by
   their count: the mean over the whole global batch, however it is split into micro-batches.
-  `word_dropout` > 0 applies `drop_words` with `word_classes` first."""
+  `word_dropout` > 0 applies `drop_words` with `word_classes` first; `word_set`: see
+  `loss_and_metrics`."""
   rng = jax.random.fold_in(dropout_rng, state.step)
   if word_dropout > 0:  # its own stream: the dropout masks stay those of a run without it
     batch = drop_words(batch, jax.random.fold_in(rng, 2**31 - 1), word_dropout, word_classes)
   grad_fn = jax.grad(
-      functools.partial(loss_and_metrics, model=model, label_smoothing=label_smoothing),
+      functools.partial(
+          loss_and_metrics, model=model, label_smoothing=label_smoothing, word_set=word_set
+      ),
       has_aux=True,
   )
 
@@ -169,8 +176,10 @@ def train_step(
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params, batch, *, model: Transformer, label_smoothing: float) -> dict:
-  return loss_and_metrics(params, batch, model=model, label_smoothing=label_smoothing)[1]
+def eval_step(params, batch, *, model: Transformer, label_smoothing: float, word_set=None) -> dict:
+  return loss_and_metrics(
+      params, batch, model=model, label_smoothing=label_smoothing, word_set=word_set
+  )[1]
 
 
 def summarize(metric_sums: dict) -> dict:
@@ -198,11 +207,15 @@ class Trainer:
       devices: list[jax.Device] | None = None,
       constraint: tree_constraint.TreeConstraint | None = None,
       word_classes: np.ndarray | None = None,
+      word_set: np.ndarray | None = None,
   ):
     """`constraint`: the searches' (parsing runs with `eval.tree_constraints`);
-    `word_classes`: word dropout's classes (`drop_words`), needed if `data.word_dropout` > 0."""
+    `word_classes`: word dropout's classes (`drop_words`), needed if `data.word_dropout` > 0;
+    `word_set` [v] bool: the vocabulary's words, needed if `train.word_loss` is "any"."""
     if config.data.word_dropout and word_classes is None:
       raise ValueError("data.word_dropout > 0 needs the vocabulary's word_classes")
+    if config.train.word_loss == "any" and word_set is None:
+      raise ValueError('train.word_loss="any" needs the vocabulary\'s word_set')
     self.config = config
     self.model_config = model_config
     self.mesh = sharding.make_mesh(config.mesh, devices)
@@ -240,6 +253,7 @@ class Trainer:
         grad_accum_steps=config.train.grad_accum_steps,
         word_dropout=config.data.word_dropout,
         word_classes=word_classes,  # [v] int32, a constant of the compiled step
+        word_set=word_set,  # [v] bool, likewise
     )
     self._jit_train_step = jax.jit(
         step,
@@ -249,7 +263,10 @@ class Trainer:
     )
     self._jit_eval_step = jax.jit(
         functools.partial(
-            eval_step, model=self.eval_model, label_smoothing=config.train.label_smoothing
+            eval_step,
+            model=self.eval_model,
+            label_smoothing=config.train.label_smoothing,
+            word_set=word_set,
         ),
         in_shardings=(self.state_shardings.params, self.batch_sharding),
         out_shardings=self.replicated,
@@ -614,7 +631,9 @@ def _open_run(config: ml_collections.ConfigDict, workdir: str, devices) -> _Run:
   model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
   constraint = tree_constraint.from_config(config, dataset.tokenizer)
   word_classes = ptb.word_class_table(dataset.tokenizer) if config.data.word_dropout else None
-  trainer = Trainer(config, model_config, devices, constraint, word_classes)
+  any_word = config.train.word_loss == "any"
+  word_set = tree_constraint.word_set(dataset.tokenizer) if any_word else None
+  trainer = Trainer(config, model_config, devices, constraint, word_classes, word_set)
   train_iter = train_batches(config, dataset, trainer)
   logging.info(
       "model: %s; %d train pairs (%d truncated); rows per bucket %s; mesh %s",

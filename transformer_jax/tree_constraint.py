@@ -212,6 +212,13 @@ def _at(x: jax.Array, index: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, index[..., None], axis=-1)[..., 0]
 
 
+def word_set(tokenizer) -> np.ndarray:
+  """[v] bool: the vocabulary's words (`token_kind` WORD: words and unknown-word classes), the
+  set `train.word_loss="any"` scores as one target (losses.py)."""
+  tokens = list(RESERVED_TOKENS) + tokenizer.words
+  return np.array([token_kind(t) == WORD for t in tokens])
+
+
 def from_config(config, tokenizer) -> TreeConstraint | None:
   """The run's constraint (`config.eval.tree_constraints` on a parsing run), or None."""
   if not config.eval.tree_constraints:
