@@ -215,14 +215,19 @@ def _at(x: jax.Array, index: jax.Array) -> jax.Array:
 def word_set(tokenizer) -> np.ndarray:
   """[v] bool: the vocabulary's words (`token_kind` WORD: words and unknown-word classes), the
   set `train.word_loss="any"` scores as one target (losses.py)."""
-  tokens = list(RESERVED_TOKENS) + tokenizer.words
-  return np.array([token_kind(t) == WORD for t in tokens])
+  return np.array([token_kind(t) == WORD for t in _tokens(tokenizer)])
+
+
+def _tokens(tokenizer) -> list[str]:
+  """The vocabulary, id -> token."""
+  return list(RESERVED_TOKENS) + tokenizer.words
 
 
 def from_config(config, tokenizer) -> TreeConstraint | None:
   """The run's constraint (`config.eval.tree_constraints` on a parsing run), or None."""
   if not config.eval.tree_constraints:
     return None
-  tokens = list(RESERVED_TOKENS) + tokenizer.words
   d = config.data
-  return TreeConstraint.for_vocabulary(tokens, d.tree_closing, d.tree_words, d.tree_order)
+  return TreeConstraint.for_vocabulary(
+      _tokens(tokenizer), d.tree_closing, d.tree_words, d.tree_order
+  )
