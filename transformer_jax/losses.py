@@ -39,12 +39,12 @@ def label_smoothed_cross_entropy(
   log_z = jax.nn.logsumexp(logits, axis=-1)  # [b, t]
   is_target = jnp.arange(vocab_size) == targets[..., None]  # [b, t, v] bool, fused, not stored
   target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)  # [b, t]
-  token_nll = log_z - target_logit  # -log p of the target token
-  if word_set is not None:
-    word_set = jnp.asarray(word_set)
-    set_logit = jax.nn.logsumexp(jnp.where(word_set, logits, -jnp.inf), axis=-1)  # [b, t]
-    target_logit = jnp.where(word_set[targets], set_logit, target_logit)
   nll = log_z - target_logit  # -log p_target
+  if word_set is not None:  # a word target's probability is its set's
+    word_set = jnp.asarray(word_set)
+    token_nll = nll  # -log p of the target token itself, for the smoothing below
+    set_logit = jax.nn.logsumexp(jnp.where(word_set, logits, -jnp.inf), axis=-1)  # [b, t]
+    nll = jnp.where(word_set[targets], log_z - set_logit, nll)
   if label_smoothing > 0.0:
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab_size - 1)
