@@ -296,6 +296,47 @@ def test_packed_rows_hold_whole_pairs_with_restarting_positions(examples):
   assert num_segments > 1.5 * 4 * it.batches_per_epoch  # several pairs a row
 
 
+def test_packed_source_rows_may_be_shorter_than_target_rows():
+  # Targets ~3 times their sources, as linearized trees are: source rows of 16, target rows of 32.
+  rng = np.random.default_rng(3)
+  examples = []
+  for _ in range(400):
+    n = int(rng.integers(1, 9))
+    examples.append((rng.integers(4, 100, n).tolist(), rng.integers(4, 100, 3 * n + 1).tolist()))
+  examples.append(([5] * 20, [6] * 20))  # a source longer than its rows: truncated to 15 + EOS
+  it = make_iterator(
+      examples, packing=True, tokens_per_batch=128, packed_source_len=16, drop_remainder=False
+  )
+  assert it.num_truncated == 1
+  by_source = collections.defaultdict(list)  # short sources repeat
+  for s, t in examples:
+    by_source[tuple(s[:15])].append(t[:31])
+  seen, target_fill = 0, []
+  for _ in range(it.batches_per_epoch):
+    batch = next(it)
+    for key in ("inputs", "inputs_positions", "inputs_segmentation"):
+      assert batch[key].shape == (4, 16)
+    for key in ("targets", "decoder_inputs", "targets_positions", "targets_segmentation"):
+      assert batch[key].shape == (4, 32)
+    target_fill.append(np.mean(batch["targets_segmentation"] > 0))
+    for src, dec, tgt, src_pos, tgt_pos in unpack(batch).values():
+      seen += 1
+      assert src[-1] == EOS_ID and tgt[-1] == EOS_ID and dec[0] == BOS_ID
+      np.testing.assert_array_equal(src_pos, np.arange(len(src)))
+      np.testing.assert_array_equal(tgt_pos, np.arange(len(tgt)))
+      assert list(tgt[:-1]) in by_source[tuple(src[:-1].tolist())]  # a whole pair
+  assert seen == len(examples)
+  assert np.mean(target_fill) > 0.8  # the short source rows do not starve the target rows
+  # A resume must draw the same batches: a changed source row length is refused.
+  state = json.loads(json.dumps(it.get_state()))
+  with pytest.raises(ValueError, match="packed_source_len=16, this run 0"):
+    make_iterator(examples, packing=True, tokens_per_batch=128).set_state(state)
+  with pytest.raises(ValueError, match="needs packing=True"):
+    make_iterator(examples, tokens_per_batch=128, packed_source_len=16)
+  with pytest.raises(ValueError, match=r"must be in \[2, max_len=32\]"):
+    make_iterator(examples, packing=True, tokens_per_batch=128, packed_source_len=33)
+
+
 def test_packing_places_every_pair_once_per_epoch(examples):
   want = collections.Counter(tuple(s) for s, _ in examples)
   it = make_iterator(examples, packing=True, tokens_per_batch=128, drop_remainder=False)

@@ -1,6 +1,7 @@
 """Packed batches train like the same pairs one per row: equal loss sums with a real model."""
 
 import numpy as np
+import pytest
 from testing import random_params, tiny_train_config
 
 from transformer_jax import config as config_lib
@@ -9,16 +10,23 @@ from transformer_jax.data import batching, pipeline
 from transformer_jax.model import Transformer
 
 
-def test_packed_batch_has_the_loss_of_its_pairs_unpacked():
+@pytest.mark.parametrize("source_len", [0, 16])  # 16: source rows shorter than target rows
+def test_packed_batch_has_the_loss_of_its_pairs_unpacked(source_len):
   config = tiny_train_config()
   config.model.dropout_rate = 0.0
   dataset = pipeline.load_dataset(config)
   examples = dataset.splits["train"].examples[:200]
   length = config.data.max_len
   packed_iter = batching.BatchIterator(
-      examples, seed=0, bucket_lengths=(length,), batch_size=8, packing=True
+      examples,
+      seed=0,
+      bucket_lengths=(length,),
+      batch_size=8,
+      packing=True,
+      packed_source_len=source_len,
   )
   packed = next(packed_iter)
+  assert packed["inputs"].shape == (8, source_len or length)
   # The pairs of the packed batch, one per row, in the same padded length.
   sources = packed["inputs"][packed["inputs_segmentation"] > 0]
   assert np.count_nonzero(sources == 1) > 8  # more pairs than rows: several a row

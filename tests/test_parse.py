@@ -51,6 +51,7 @@ def _config_only_workdir(tmp_path, source="ptb") -> pathlib.Path:
   config.eval.tree_constraints = source == "ptb"  # a translation run has no trees to constrain
   config.data.path = str(tmp_path)
   config.data.max_len = 8
+  config.data.packed_source_len = 0  # the config's 96 would not fit rows of 8
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "config.json").write_text(config.to_json_best_effort())

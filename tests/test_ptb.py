@@ -204,6 +204,20 @@ def test_word_dropout_config():
     config_lib.validate(config)
 
 
+def test_packed_source_len_config():
+  config = parsing_sample.get_config()
+  config.data.packed_source_len = 96
+  config_lib.validate(config)
+  for value, expected in ((1, r"in \[2, data.max_len=256\]"), (257, "data.packed_source_len")):
+    config.data.packed_source_len = value
+    with pytest.raises(config_lib.ConfigError, match=expected):
+      config_lib.validate(config)
+  config.data.packed_source_len = 96
+  config.data.packing = False  # bucketed rows have one length for both sides
+  with pytest.raises(config_lib.ConfigError, match="with data.packing=True"):
+    config_lib.validate(config)
+
+
 def test_word_loss_config_and_word_set():
   config = parsing_sample.get_config()
   config.train.word_loss = "any"

@@ -67,6 +67,11 @@ def default_config() -> ml_collections.ConfigDict:
   # Pack several pairs into each row of max_len (segment ids and positions keep them apart)
   # instead of bucketing by length: one jit shape and almost no padding (batching.py).
   c.data.packing = False
+  # With packing: the source side's rows hold this many positions, the target side's
+  # data.max_len (0: max_len on both sides). For corpora whose targets are much longer than
+  # their sources (a linearized tree is ~3.4 times its sentence), so that the encoder does not
+  # run over mostly padding; sources longer than it are truncated (and counted).
+  c.data.packed_source_len = 0
   # Rows of every training batch (per bucket, or packed) are a multiple of this, besides the
   # device count: a run may later resume on any device count that divides it (growth; shrinking
   # needs nothing). E.g. 8 on a CPU or one GPU, to move to a host of 8; 1 = no constraint.
@@ -241,6 +246,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
       d.tokens_per_batch >= d.row_multiple * d.max_len,
       "data.tokens_per_batch",
       f"must hold data.row_multiple={d.row_multiple} rows of data.max_len={d.max_len} tokens",
+  )
+  check(
+      d.packed_source_len == 0 or (d.packing and 2 <= d.packed_source_len <= d.max_len),
+      "data.packed_source_len",
+      f"must be 0, or in [2, data.max_len={d.max_len}] with data.packing=True",
   )
   check(d.spm_max_sentences >= 1, "data.spm_max_sentences", "must be >= 1")
   if d.source == "tfds":

@@ -120,10 +120,8 @@ class Greedy:
 
 
 def length_penalty(length, alpha: float):
-  """lp(Y) = ((5 + |Y|) / 6)^α — GNMT (Wu et al., 2016, Eq. 14), used with α = 0.6 in §6.1.
-
-  |Y| counts the generated tokens including EOS. Works on Python numbers and on arrays.
-  """
+  """lp(Y) = ((5 + |Y|) / 6)^α — GNMT (Wu et al., 2016, Eq. 14), α = 0.6 in §6.1; |Y| counts
+  the generated tokens including EOS. Works on Python numbers and on arrays."""
   return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -209,9 +207,7 @@ class Beam:
 
 def _where_sentence(mask: jax.Array, x: jax.Array, y: jax.Array) -> jax.Array:
   """x where mask [b] else y, for leaves [b, ...]; a scalar leaf comes from y."""
-  if x.ndim == 0:
-    return y
-  return jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, y)
+  return y if x.ndim == 0 else jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, y)
 
 
 def _take_beams(x: jax.Array, index: jax.Array) -> jax.Array:
@@ -285,18 +281,10 @@ def _reference(search, step_fn, first_log_probs, cache, n, alpha, limit, tile):
 
 
 def beam_search_with_step_fn(
-    step_fn: Callable,
-    first_log_probs: jax.Array,  # [b, v]
-    cache: Any,
-    max_decode_len: int,
-    beam_size: int = 4,
-    alpha: float | jax.Array = 0.6,
-    *,
-    limit: jax.Array | None = None,
-    tile: Callable = _tile_rows,
-    constrain: Callable | None = None,
-    best_only: bool = False,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+    step_fn: Callable, first_log_probs: jax.Array, cache: Any, max_decode_len: int,
+    beam_size: int = 4, alpha: float | jax.Array = 0.6, *, limit: jax.Array | None = None,
+    tile: Callable = _tile_rows, constrain: Callable | None = None, best_only: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
   """Beam search over `step_fn(tokens [r], cache, position, slots) -> (log_probs [r, v], cache)`.
 
   `first_log_probs` is the distribution after BOS and `cache` the state after that step, batch
@@ -479,10 +467,9 @@ class Predictor:
     return self.saved.program(name, impl, static)
 
   def _smaller_batch(self, rows: int, active: int, multiple: int) -> int:
-    """The rows to go on with: rows / 2^j for the largest j that keeps the `active` sentences,
-    at least `min_rows`, rounded up to a multiple of `multiple` (the devices the batch is split
-    over); `rows` itself while more than half are active. Halving keeps the shapes, and so the
-    programs compiled, few."""
+    """The rows to go on with: rows / shrink^j for the largest j that keeps the `active`
+    sentences and `min_rows`, rounded up to a multiple of `multiple` (the devices the batch is
+    split over); `rows` itself while more than that. Few shapes, so few programs compiled."""
     best = rows
     for j in range(1, 32):
       size = -(-rows // self.shrink**j)
@@ -500,8 +487,7 @@ class Predictor:
     return len({s[1:3] for s in self.signatures if s[0] == "start"})
 
   def programs(self) -> int:
-    """The distinct programs called: starts and blocks (per rows and cache length, with or
-    without the gather that drops finished sentences)."""
+    """The distinct programs called: starts and blocks (per rows, cache length and gather)."""
     return len(self.signatures)
 
 

@@ -362,6 +362,7 @@ def train_batches(config, dataset, trainer: Trainer) -> batching.BatchIterator:
         process_index=jax.process_index(),
         process_count=jax.process_count(),
         packing=config.data.get("packing", False),  # configs saved before the key existed
+        packed_source_len=config.data.get("packed_source_len", 0),
     )
   except ValueError as e:  # the data and the batch settings do not fit: e.g. no full batch
     raise config_lib.ConfigError(f"config.data: {e}") from None

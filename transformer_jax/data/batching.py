@@ -13,7 +13,8 @@ The number of rows follows from a token budget, like the paper's batches of
 ~25k source and ~25k target tokens (§5.1): rows * L <= tokens_per_batch.
 
 Or, with `packing=True`, several pairs share each row of max_len positions
-(as google/flax's WMT input pipeline packs them), each a segment:
+(as google/flax's WMT input pipeline packs them), each a segment (the source
+rows may be shorter than the target rows: `packed_source_len`):
 
     inputs_segmentation   [B, L]  1, 2, ... per pair in the row; 0 on padding
     inputs_positions      [B, L]  0, 1, ... restarting at each pair
@@ -121,7 +122,9 @@ class _Packed:
 class _Corpus:
   """Examples packed once, truncated to max_len and assigned to buckets."""
 
-  def __init__(self, examples: Sequence[Example], bucket_lengths: Sequence[int]):
+  def __init__(
+      self, examples: Sequence[Example], bucket_lengths: Sequence[int], source_len: int = 0
+  ):
     if len(examples) == 0:
       raise ValueError("examples is empty: nothing to batch. Check the data path and split.")
     bucket_lengths = tuple(int(b) for b in bucket_lengths)
@@ -141,11 +144,13 @@ class _Corpus:
     else:
       self.src = _Packed([s for s, _ in examples], "source")
       self.tgt = _Packed([t for _, t in examples], "target")
-    # The longest bucket is max_len; keep one slot for EOS (and BOS, on the target side).
+    # The longest bucket is max_len (or source_len, the source rows' length when packing);
+    # keep one slot for EOS (and BOS, on the target side).
     cap = bucket_lengths[-1] - 1
-    self.src_lengths = np.minimum(self.src.lengths, cap)  # [N]
+    src_cap = (source_len or bucket_lengths[-1]) - 1
+    self.src_lengths = np.minimum(self.src.lengths, src_cap)  # [N]
     self.tgt_lengths = np.minimum(self.tgt.lengths, cap)  # [N]
-    self.num_truncated = int(((self.src.lengths > cap) | (self.tgt.lengths > cap)).sum())
+    self.num_truncated = int(((self.src.lengths > src_cap) | (self.tgt.lengths > cap)).sum())
     # Smallest bucket that holds both sides; one bucket for both keeps shapes few.
     needed = np.maximum(self.src_lengths, self.tgt_lengths) + 1  # [N]
     self.bucket = np.searchsorted(bucket_lengths, needed, side="left")  # [N]
@@ -153,16 +158,19 @@ class _Corpus:
   def __len__(self) -> int:
     return len(self.src_lengths)
 
-  def packed_rows(self, pairs: np.ndarray, counts: np.ndarray, length: int) -> Batch:
-    """[len(counts), length] packed rows: row r holds the next counts[r] pairs of `pairs`."""
+  def packed_rows(
+      self, pairs: np.ndarray, counts: np.ndarray, length: int, source_len: int = 0
+  ) -> Batch:
+    """[len(counts), length] packed rows ([len(counts), source_len] on the source side when
+    given): row r holds the next counts[r] pairs of `pairs`."""
     num_rows, n = len(counts), len(pairs)
     row_of = np.repeat(np.arange(num_rows), counts)  # [n]
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])  # [R]
     segment = (np.arange(n) - first[row_of] + 1).astype(np.int32)  # [n] 1-based
     batch = {}
-    for side, packed, lengths in (
-        ("inputs", self.src, self.src_lengths),
-        ("targets", self.tgt, self.tgt_lengths),
+    for side, packed, lengths, row_len in (
+        ("inputs", self.src, self.src_lengths, source_len or length),
+        ("targets", self.tgt, self.tgt_lengths, length),
     ):
       lens = lengths[pairs]  # [n]
       end = np.cumsum(lens + 1)  # [n] ids + EOS
@@ -172,16 +180,16 @@ class _Corpus:
       is_id = pos < lens[pair_of]  # [T] else EOS
       flat_index = np.where(is_id, packed.starts[pairs][pair_of] + pos, 0)
       # One flat index into [R * L]: the pair's row, and its offset in the row plus pos.
-      cell = (row_of * length + start - start[first[row_of]])[pair_of] + pos  # [T]
+      cell = (row_of * row_len + start - start[first[row_of]])[pair_of] + pos  # [T]
       values = np.where(is_id, np.take(packed.flat, flat_index), EOS_ID)
       for key, fill in (
           (side, values),
           (f"{side}_positions", pos),
           (f"{side}_segmentation", segment[pair_of]),
       ):
-        out = np.zeros(num_rows * length, np.int32)  # [R * L]
+        out = np.zeros(num_rows * row_len, np.int32)  # [R * L]
         out[cell] = fill
-        batch[key] = out.reshape(num_rows, length)  # [R, L]
+        batch[key] = out.reshape(num_rows, row_len)  # [R, L]
     # Decoder inputs: the targets shifted right within each pair, BOS first (§3.1).
     targets = batch["targets"]
     decoder_inputs = np.zeros_like(targets)  # [R, L]
@@ -214,19 +222,22 @@ def pack(
     tgt_need: np.ndarray,
     length: int,
     open_rows: int = _OPEN_ROWS,
+    source_len: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Pairs `order` into rows of `length` positions a side, first fit over `open_rows` rows.
+  """Pairs `order` into rows of `length` positions a side (`source_len` on the source side,
+  when given), first fit over `open_rows` rows.
 
   A pair needs src_need[i] positions of the source row and tgt_need[i] of the target row
   (ids + EOS/BOS). Returns (pairs, bounds): row r holds pairs[bounds[r]:bounds[r + 1]], in
   order of placement. Every pair is placed once; rows are closed oldest first."""
   src_need, tgt_need = src_need.tolist(), tgt_need.tolist()
+  src_length = source_len or length
   open_src, open_tgt, open_members = [], [], []
   closed: list[list[int]] = []
   for i in order.tolist():
     s, t = src_need[i], tgt_need[i]
     for r in range(len(open_src)):
-      if open_src[r] + s <= length and open_tgt[r] + t <= length:
+      if open_src[r] + s <= src_length and open_tgt[r] + t <= length:
         open_src[r] += s
         open_tgt[r] += t
         open_members[r].append(i)
@@ -276,6 +287,8 @@ class BatchIterator:
       length; the others are unused) instead of bucketing: one shape, rows =
       tokens_per_batch // max_len, almost no padding. Batches then also carry
       *_segmentation and *_positions.
+    packed_source_len: with packing, the source rows' length (0: max_len, as the
+      targets'); longer sources are truncated to it (counted in `num_truncated`).
   """
 
   def __init__(
@@ -292,6 +305,7 @@ class BatchIterator:
       process_count: int = 1,
       drop_remainder: bool = True,
       packing: bool = False,
+      packed_source_len: int = 0,
   ):
     if batch_multiple < 1:
       raise ValueError(f"batch_multiple={batch_multiple} must be >= 1.")
@@ -305,10 +319,17 @@ class BatchIterator:
           f"{process_count} so every process gets the same number of rows; pass the "
           "global device count (jax.device_count())."
       )
+    max_len = tuple(bucket_lengths)[-1]
+    if packed_source_len and not (packing and 2 <= packed_source_len <= max_len):
+      raise ValueError(
+          f"packed_source_len={packed_source_len} needs packing=True and must be in [2, "
+          f"max_len={max_len}]."
+      )
     if packing:
       bucket_lengths = tuple(bucket_lengths)[-1:]  # one row length: max_len
     self._packing = packing
-    self._corpus = _Corpus(examples, bucket_lengths)
+    self._source_len = packed_source_len
+    self._corpus = _Corpus(examples, bucket_lengths, packed_source_len)
     self._rows = self._rows_per_bucket(tokens_per_batch, batch_size, batch_multiple)
     self._batch_multiple = batch_multiple
     self._seed = seed
@@ -404,7 +425,11 @@ class BatchIterator:
   def _packed_plan(self, order: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     corpus, rows = self._corpus, self._rows[0]
     pairs, bounds = pack(
-        order, corpus.src_lengths + 1, corpus.tgt_lengths + 1, corpus.bucket_lengths[0]
+        order,
+        corpus.src_lengths + 1,
+        corpus.tgt_lengths + 1,
+        corpus.bucket_lengths[0],
+        source_len=self._source_len,
     )
     counts = np.diff(bounds)  # [num_rows]
     plan = []
@@ -435,7 +460,9 @@ class BatchIterator:
       skip = int(counts[:first].sum())
       counts = counts[first : first + local_rows]
       pairs = pairs[skip : skip + int(counts.sum())]
-      return self._corpus.packed_rows(pairs, counts, self._corpus.bucket_lengths[0])
+      return self._corpus.packed_rows(
+          pairs, counts, self._corpus.bucket_lengths[0], self._source_len
+      )
     bucket, index = self._part_plan[self._batch]
     self._batch += 1
     local_rows = len(index) // self._process_count
@@ -453,6 +480,7 @@ class BatchIterator:
         "batch": self._batch,
         "num_examples": len(self._corpus),
         "rows": list(self._rows),
+        "packed_source_len": self._source_len,
     }
 
   def set_state(self, state: dict) -> None:
@@ -466,6 +494,13 @@ class BatchIterator:
           f"Saved data state is for {state['num_examples']} examples, this iterator has "
           f"{len(self._corpus)}: the training data changed since the checkpoint. Restore "
           "the same data or start a new workdir."
+      )
+    saved_source_len = int(state.get("packed_source_len", 0))  # states saved before the key
+    if saved_source_len != self._source_len:
+      raise ValueError(
+          f"Saved data state has packed_source_len={saved_source_len}, this run "
+          f"{self._source_len}: data.packed_source_len changed since the checkpoint, which "
+          "would draw other batches. Restore the setting or start a new workdir."
       )
     rows = [int(r) for r in state["rows"]]
     if rows != self._rows:
