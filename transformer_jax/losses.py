@@ -52,8 +52,9 @@ def label_smoothed_cross_entropy(
     #   -Σ_v q_v log p_v = -low Σ_v log p_v - (confidence - low) log p_target,
     # with Σ_v log p_v = Σ_v logits_v - V logsumexp(logits).
     sum_log_probs = jnp.sum(logits, axis=-1) - vocab_size * log_z
-    smoothed = -low * sum_log_probs + (confidence - low) * nll
-    if word_set is not None:  # 1 - ε on the target (its set), ε/(V-1) on each other token
+    if word_set is None:
+      smoothed = -low * sum_log_probs + (confidence - low) * nll
+    else:  # 1 - ε on the target (its set), ε/(V-1) on each other token
       smoothed = -low * (sum_log_probs + token_nll) + confidence * nll
     # Entropy of q, its minimum over p: makes the optimum 0.
     normalizer = -(confidence * jnp.log(confidence) + (vocab_size - 1) * low * jnp.log(low + 1e-20))
