@@ -12,11 +12,26 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+import jax  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `configs` is imported as a package by config files
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+# JAX's persistent compilation cache, for this test session only: many tests build the same tiny
+# programs again (every `train.run` jits its own step functions), and a program compiled once is
+# then loaded, not compiled. The same executable either way, so no result depends on it; the
+# directory is removed when the session ends. Commands that set their own cache (translate's
+# --compilation_cache) still override it.
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix="transformer_jax_tests_jax_cache_")
+atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 @pytest.fixture

@@ -318,10 +318,19 @@ PREDICT_GREEDY = decode.Predictor(CONFIG, EXTRA)
 PREDICT_BEAM = decode.Predictor(CONFIG, EXTRA, beam_size=4, alpha=0.6)
 
 
-@functools.partial(jax.jit, static_argnames=("n", "beam_size", "alpha"))
+@functools.partial(jax.jit, static_argnames=("n", "beam_size", "best_only"))
+def reference_beam_search(params, inputs, n, beam_size, alpha, best_only=False):
+  """decode.beam_search, compiled once per shape and beam size (α traced, as the Predictor's)."""
+  return decode.beam_search(DECODER, params, inputs, n, beam_size, alpha, best_only=best_only)
+
+
 def run_beam_search(params, inputs, n, beam_size, alpha):
-  tokens, scores, _ = decode.beam_search(DECODER, params, inputs, n, beam_size, alpha)
-  return tokens, scores
+  return reference_beam_search(params, inputs, n, beam_size, alpha)[:2]
+
+
+@functools.partial(jax.jit, static_argnames=("n",))
+def reference_greedy_search(params, inputs, n):
+  return decode.greedy_search(DECODER, params, inputs, n)
 
 
 @jax.jit
@@ -437,7 +446,7 @@ def test_blocks_of_cache_length_change_nothing():
   # Decoding in blocks of cache length (here 3: caches of 3, 6 then 8 positions, grown between
   # while loops) gives the same hypotheses and scores as one cache of the whole length.
   params, inputs = tiny_model()
-  whole = decode.beam_search(DECODER, params, inputs, N, 4, 0.6)
+  whole = reference_beam_search(params, inputs, N, 4, 0.6)
   search = decode.Beam(4)
   blocks = jax.jit(lambda p, x: blocks_by_hand(search, p, x, N, 3, 0.6))(params, inputs)
   assert decode.cache_block_ends(N, 3) == (3, 6, 8)
@@ -454,8 +463,9 @@ def test_blocks_of_cache_length_change_nothing():
   early = jax.jit(lambda p, x: blocks_by_hand(best_only, p, x, N, 3, 0.6))(params, inputs)
   np.testing.assert_array_equal(best_only.best(early, 0.6), whole[0][:, 0])
   assert steps == int(early.step) < int(whole[2])
-  greedy_whole = decode.greedy_search(DECODER, params, inputs, N)
-  greedy_blocks = blocks_by_hand(decode.Greedy(), params, inputs, N, 3, 0.0)
+  greedy_whole = reference_greedy_search(params, inputs, N)
+  greedy = decode.Greedy()
+  greedy_blocks = jax.jit(lambda p, x: blocks_by_hand(greedy, p, x, N, 3, 0.0))(params, inputs)
   np.testing.assert_array_equal(greedy_blocks.out, greedy_whole[0])
   assert int(greedy_blocks.step) == int(greedy_whole[1])
   got, steps = decode.Predictor(CONFIG, EXTRA, block=3, compact=False).search(params, inputs)
@@ -480,7 +490,8 @@ def test_cross_attention_caches_are_never_tiled_or_reordered():
   decoder = RecordingDecoder(CONFIG)
   object.__setattr__(decoder, "calls", [])
   batch, k = inputs.shape[0], 4
-  tokens, _, _ = decode.beam_search(decoder, params, inputs, N, k, 0.6)
+  search = jax.jit(lambda p, x: decode.beam_search(decoder, p, x, N, k, 0.6))
+  tokens, _, _ = search(params, inputs)  # traced once: the calls recorded are the traced steps
   first_rows, _, filled = decoder.calls[0]  # the step that read BOS and projected the encoder
   assert first_rows == batch and len(filled) == 2 * CONFIG.decoder_layers
   later = decoder.calls[1:]
@@ -496,7 +507,7 @@ def test_cross_attention_caches_are_never_tiled_or_reordered():
   rows, sentence = kv_cache.split(DECODER.init_cache(inputs, N))
   assert all(k[-1] in kv_cache.SENTENCE_KEYS for k in flax.traverse_util.flatten_dict(sentence))
   assert not any(k[-1] in kv_cache.SENTENCE_KEYS for k in flax.traverse_util.flatten_dict(rows))
-  expected = decode.beam_search(DECODER, params, inputs, N, k, 0.6)
+  expected = reference_beam_search(params, inputs, N, k, 0.6)
   np.testing.assert_array_equal(tokens, expected[0])
 
 
@@ -574,9 +585,13 @@ def test_top_of_chunks_is_the_flat_top_k_for_every_chunk_size():
     for chunk in {1, 3, 8, 64, 100, vocab}:
       if chunk > vocab or beam * -(-vocab // chunk) < count:
         continue
-      maxima = top_k.chunk_maxima(jnp.asarray(ties), chunk)
-      got = top_k.top_of_chunks(jnp.asarray(ties), maxima, count, chunk)
+      got = top_of_chunks(jnp.asarray(ties), count, chunk)
       assert_flat_top_k(got, ties, count)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def top_of_chunks(candidates, count, chunk):
+  return top_k.top_of_chunks(candidates, top_k.chunk_maxima(candidates, chunk), count, chunk)
 
 
 def test_top_extensions_takes_the_chunked_path_where_it_pays():
@@ -615,30 +630,32 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
   inputs[:, -1] = EOS_ID
   extra = 11
   n = inputs.shape[1] + extra
+  # One Predictor per beam size and batching rule: α is an argument of its programs.
+  compact = {k: decode.Predictor(CONFIG, extra, k, block=4, min_rows=1) for k in (1, 4)}
+  whole = {k: decode.Predictor(CONFIG, extra, k, block=4, compact=False) for k in (1, 4)}
   for beam, alpha in ((1, 0.6), (4, 0.0), (4, 0.6), (4, -0.5)):
     if beam == 1:
-      expected, steps = decode.greedy_search(DECODER, params, jnp.asarray(inputs), n)
+      expected, steps = reference_greedy_search(params, jnp.asarray(inputs), n)
     else:  # the Predictor's rule (best only: the same best, in fewer steps)
-      tokens, _, steps = decode.beam_search(
-          DECODER, params, jnp.asarray(inputs), n, beam, alpha, best_only=True
+      tokens, _, steps = reference_beam_search(
+          params, jnp.asarray(inputs), n, beam, alpha, best_only=True
       )
       expected = tokens[:, 0]
-      k_best = decode.beam_search(DECODER, params, jnp.asarray(inputs), n, beam, alpha)
+      k_best = reference_beam_search(params, jnp.asarray(inputs), n, beam, alpha)
       np.testing.assert_array_equal(expected, k_best[0][:, 0])
       assert int(steps) <= int(k_best[2])
-    predictor = decode.Predictor(CONFIG, extra, beam, alpha, block=4, min_rows=1)
+    predictor = compact[beam]
     stats = {}
-    got, got_steps = predictor.search(params, jnp.asarray(inputs), stats=stats)
+    got, got_steps = predictor.search(params, jnp.asarray(inputs), alpha, stats=stats)
     np.testing.assert_array_equal(got, np.asarray(expected), err_msg=f"beam {beam}, α {alpha}")
     assert got_steps == int(steps)
     if alpha >= 0:  # (α < 0 favours short outputs: here every sentence is done at step 3)
       assert stats["row_steps"] < inputs.shape[0] * got_steps, (beam, alpha, stats, got_steps)
     # Host (numpy) inputs too.
-    np.testing.assert_array_equal(predictor(params, inputs), got)
-    whole = decode.Predictor(CONFIG, extra, beam, alpha, block=4, compact=False)
+    np.testing.assert_array_equal(predictor(params, inputs, alpha), got)
     stats_whole = {}
     np.testing.assert_array_equal(
-        whole.search(params, jnp.asarray(inputs), stats=stats_whole)[0], got
+        whole[beam].search(params, jnp.asarray(inputs), alpha, stats=stats_whole)[0], got
     )
     assert stats_whole["row_steps"] == inputs.shape[0] * got_steps
 
