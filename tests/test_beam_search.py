@@ -594,6 +594,26 @@ def top_of_chunks(candidates, count, chunk):
   return top_k.top_of_chunks(candidates, top_k.chunk_maxima(candidates, chunk), count, chunk)
 
 
+def test_argmax_is_jnp_argmax_ties_infinities_and_nans_included():
+  rng = np.random.default_rng(3)
+  x = rng.integers(-3, 3, (12, 50)).astype(np.float32)  # many tied maxima per row
+  x[1] = -np.inf  # every token masked: token 0, as jnp.argmax
+  x[2, 7] = np.inf
+  x[3, 40] = np.nan  # after the row's first maximum: still the NaN
+  x[4, [2, 30]] = np.nan  # the first NaN
+  x[5] = np.nan
+  x[6, :] = -0.0
+  x[6, 9] = 0.0  # -0.0 == +0.0: the first of them, as argmax
+  x[7] = rng.normal(size=50)  # distinct values
+  x = np.concatenate([x, rng.normal(size=(12, 50)).astype(np.float32)])
+  want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
+  got = np.asarray(jax.jit(top_k.argmax)(jnp.asarray(x)))
+  assert got.dtype == np.int32
+  np.testing.assert_array_equal(got, want)
+  big = rng.normal(size=(3, 5, 8000)).astype(np.float32)  # [..., v] with leading axes
+  np.testing.assert_array_equal(top_k.argmax(jnp.asarray(big)), np.argmax(big, axis=-1))
+
+
 def test_top_extensions_takes_the_chunked_path_where_it_pays():
   assert top_k.chunk_size(4, 8000, 8) == 64  # beam 4, 8k vocabulary: 500 chunks, 512 kept
   assert top_k.chunk_size(4, 32000, 8) == 128

@@ -44,11 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import distributed
+from transformer_jax import distributed, top_k
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.incremental import IncrementalDecoder
 from transformer_jax.model_config import TransformerConfig
-from transformer_jax.top_k import top_extensions
 
 # Cache lengths grow in blocks of this many positions: measured on the Multi30k model, see
 # benchmarks/decode.py.
@@ -103,7 +102,7 @@ class Greedy:
   def _emit(self, state: GreedyState, log_probs) -> GreedyState:
     if self.constrain is not None:
       log_probs = self.constrain(log_probs, state.out, state.limit)
-    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [b]
+    token = top_k.argmax(log_probs)  # [b]: the first maximum, as jnp.argmax
     token = jnp.where(state.finished, PAD_ID, token)
     finished = state.finished | (token == EOS_ID) | (state.step + 1 >= state.limit)
     out = state.out.at[:, state.step].set(token)
@@ -226,7 +225,7 @@ def _grow(state: BeamState, log_probs: jax.Array, alpha) -> tuple[BeamState, jax
   _, beam, vocab = log_probs.shape
   i = state.step
   candidates = state.alive_log_probs[:, :, None] + log_probs  # [b, k, v]
-  top_log_probs, top_index = top_extensions(candidates, 2 * beam)  # [b, 2k]
+  top_log_probs, top_index = top_k.top_extensions(candidates, 2 * beam)  # [b, 2k]
   parents = top_index // vocab  # [b, 2k]
   tokens = (top_index % vocab).astype(jnp.int32)  # [b, 2k]
   seqs = _take_beams(state.alive_seqs, parents).at[:, :, i].set(tokens)  # [b, 2k, n]

@@ -3,7 +3,8 @@
 A beam search ranks every extension of every alive hypothesis each step: a top_k over k*v
 candidates per sentence (32k for beam 4 and an 8k vocabulary), ~10% of a decoding step on
 XLA:CPU. `top_extensions` first takes the maximum of each chunk of C consecutive tokens, keeps
-the `count` chunks ranked first, and takes the top_k of their elements only.
+the `count` chunks ranked first, and takes the top_k of their elements only. Greedy search's
+`argmax` is likewise jnp.argmax's result by a faster route.
 """
 
 from __future__ import annotations
@@ -87,3 +88,17 @@ def top_extensions(candidates: jax.Array, count: int) -> tuple[jax.Array, jax.Ar
       lambda: top_of_chunks(candidates, maxima, count, chunk),
       lambda: tuple(jax.lax.top_k(candidates.reshape(batch, beam * vocab), count)),
   )
+
+
+def argmax(log_probs: jax.Array) -> jax.Array:
+  """[..., v] -> [...] int32: exactly `jnp.argmax(log_probs, axis=-1)` (the first maximum; in a
+  row holding NaN, its first NaN), in about a third of the time on XLA:CPU, where argmax is a
+  reduction over (value, index) pairs that does not vectorise: here a max, then the least index
+  holding it (two plain reductions)."""
+  vocab = log_probs.shape[-1]
+  token = jnp.arange(vocab, dtype=jnp.int32)
+  nan = jnp.isnan(log_probs)
+  first_nan = jnp.min(jnp.where(nan, token, vocab), axis=-1)  # v: none
+  top = jnp.max(jnp.where(nan, -jnp.inf, log_probs), axis=-1, keepdims=True)
+  first_max = jnp.min(jnp.where(log_probs == top, token, vocab), axis=-1)
+  return jnp.where(first_nan < vocab, first_nan, first_max)
