@@ -122,7 +122,7 @@ def make_iterator(config, dataset, packing: bool):
       tokens_per_batch=config.data.tokens_per_batch,
       batch_multiple=_BATCH_MULTIPLE.value,
       packing=packing,
-      packed_source_len=config.data.get("packed_source_len", 0) if packing else 0,
+      packed_source_len=config.data.packed_source_len if packing else 0,
   )
 
 
