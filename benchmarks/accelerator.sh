@@ -14,7 +14,9 @@
 #   decode  benchmarks/decode.py (greedy and beam 4) on a trained run RUN (its --workdir), batches
 #       of DECODE_BATCH_TOKENS source tokens (default the CPU default), its checkpoint
 #       DECODE_CHECKPOINT (decode.py --checkpoint, default auto), its sentences DECODE_INPUT
-#       (default: the run's test split); skipped without RUN.
+#       (default: the run's test split); with CTranslate2 importable, CTranslate2 on the same
+#       device and weights too (DECODE_ENGINES, default jax,ctranslate2 then, else jax; weight
+#       types DECODE_QUANTIZATIONS, default float32,float16,bfloat16,int8); skipped without RUN.
 # Writes OUTDIR/results.jsonl (one {"name", "rc", "result"} line per run; result is the
 # benchmark's JSON line, or null when it failed, with its stderr's tail in OUTDIR/errors.log) and
 # prints one summary line per run. Each run is cut off after TIMEOUT seconds (default 300).
@@ -75,7 +77,11 @@ run base_bf16_512x64 "${base[@]}" --batch_size=512 --seq_len=64
 run base_fp32_256x64 "${base[@]}" --batch_size=256 --seq_len=64 --config.model.dtype=float32
 
 if [[ -n ${RUN:-} ]] && want decode; then
+  engines=jax
+  python3 -c "import ctranslate2" 2>/dev/null && engines=jax,ctranslate2
   timeout "${TIMEOUT:-300}" python3 benchmarks/decode.py --workdir "$RUN" \
+    --engines "${DECODE_ENGINES:-$engines}" \
+    --quantizations "${DECODE_QUANTIZATIONS:-float32,float16,bfloat16,int8}" \
     --checkpoint "${DECODE_CHECKPOINT:-auto}" ${DECODE_INPUT:+--input "$DECODE_INPUT"} \
     ${DECODE_BATCH_TOKENS:+--batch_tokens "$DECODE_BATCH_TOKENS"} >"$logs/decode.out" \
     2>"$logs/decode.err"
@@ -86,6 +92,11 @@ r = json.load(open(sys.argv[1]))
 modes = ", ".join(f"{m} {r[m]['sentences_per_s']:,.0f} sentences/s" for m in ("greedy", "beam4"))
 print(f"decode: {modes}, beam 4 / greedy time {r['beam_over_greedy_time']} ({r['device']},"
       f" {r['batch_tokens']} source tokens a batch)")
+ct2 = r.get("ctranslate2", {})
+for kind, t in ct2.items():
+  if isinstance(t, dict):
+    modes = ", ".join(f"{m} {t[m]['sentences_per_s']:,.0f} sentences/s" for m in ("greedy", "beam4"))
+    print(f"decode, CTranslate2 {t['compute_type']} on {ct2['device']}: {modes}")
 PY
   fi
 fi

@@ -17,8 +17,9 @@ memory (host RSS, and the device's peak where it reports one).
 export.py) once per `--quantizations` type and times its `translate_batch` on the same
 sentences, batched by the same number of source tokens, greedy and beam, a median of
 `--repeats` after a warm-up pass: under "ctranslate2", per type, sentences/s, output tokens/s
-and how many translations are identical to the project's. It runs with `--threads` intra-op
-threads (default: the cores this process may use); pin the process (`taskset -c 0-1 python
+and how many translations are identical to the project's. It runs on `--ct2_device` (default:
+CUDA when JAX runs on a GPU, else the CPU), on a CPU with `--threads` intra-op threads
+(default: the cores this process may use); pin the process (`taskset -c 0-1 python
 benchmarks/decode.py ...`) to give both engines the same cores. CTranslate2's beam search
 divides log P(Y) by |Y|^`--length_penalty` where the project's divides by the §6.1 GNMT
 ((5 + |Y|) / 6)^α (|Y| with EOS in both), so their beam translations differ a little.
@@ -64,6 +65,12 @@ _QUANTIZATIONS = flags.DEFINE_list(
 )
 _THREADS = flags.DEFINE_integer(
     "threads", None, "CTranslate2's intra-op threads (default: the cores this process may use)."
+)
+_CT2_DEVICE = flags.DEFINE_enum(
+    "ct2_device",
+    "auto",
+    ["auto", "cpu", "cuda"],
+    "CTranslate2's device; auto: cuda when JAX runs on a GPU (and CTranslate2 sees one), else cpu.",
 )
 _LENGTH_PENALTY = flags.DEFINE_float(
     "length_penalty", 1.0, "CTranslate2's beam length penalty: log P(Y) / |Y|^length_penalty."
@@ -158,10 +165,25 @@ def _check_engines() -> list[str]:
   if "ctranslate2" in engines:
     for quantization in _QUANTIZATIONS.value:
       export.check_quantization(quantization)
-    export.import_ctranslate2()
+    _ct2_device(export.import_ctranslate2())  # a CUDA device asked for and missing: now
   if _THREADS.value is not None and _THREADS.value < 1:
     raise export.ExportError(f"--threads={_THREADS.value}: must be >= 1")
   return engines
+
+
+def _ct2_device(ctranslate2) -> str:
+  """--ct2_device resolved: with auto, the JAX backend's kind of device (a GPU: cuda)."""
+  import jax
+
+  from transformer_jax import export
+
+  device = _CT2_DEVICE.value
+  cuda_devices = ctranslate2.get_cuda_device_count()
+  if device == "auto":
+    device = "cuda" if jax.default_backend() == "gpu" and cuda_devices else "cpu"
+  if device == "cuda" and not cuda_devices:
+    raise export.ExportError("--ct2_device=cuda: CTranslate2 sees no CUDA device")
+  return device
 
 
 def _time_ctranslate2(run, sources, modes, batch_tokens, translations) -> dict:
@@ -173,6 +195,7 @@ def _time_ctranslate2(run, sources, modes, batch_tokens, translations) -> dict:
   from transformer_jax import export
 
   threads = _THREADS.value or len(os.sched_getaffinity(0))
+  device = _ct2_device(ctranslate2)
   vocab_path = export.workdir_vocabulary(_WORKDIR.value)
   tokens = export.vocabulary_tokens(vocab_path)
   index = {token: i for i, token in enumerate(tokens)}
@@ -185,13 +208,13 @@ def _time_ctranslate2(run, sources, modes, batch_tokens, translations) -> dict:
   extra, max_len = cfg.eval.max_decode_extra, run.model_config.max_len
   limits = [export.output_limit(len(ids), extra, max_len) for ids in sources]
   max_length = max(limits)
-  out = {"threads": threads, "length_penalty": _LENGTH_PENALTY.value}
+  out = {"device": device, "threads": threads, "length_penalty": _LENGTH_PENALTY.value}
   with tempfile.TemporaryDirectory() as directory:
     for quantization in _QUANTIZATIONS.value:
       path = os.path.join(directory, quantization)
       export.export_ctranslate2(run.model_config, run.params, vocab_path, path, quantization)
       translator = ctranslate2.Translator(
-          path, device="cpu", inter_threads=1, intra_threads=threads
+          path, device=device, inter_threads=1, intra_threads=threads
       )
       out[quantization] = {"compute_type": translator.compute_type}
       for name, beam in modes:

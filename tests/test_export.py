@@ -454,6 +454,7 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
   result = json.loads(done.stdout.strip().splitlines()[-1])
   ct2 = result["ctranslate2"]
   assert ct2["threads"] == 1 and ct2["length_penalty"] == 1.0
+  assert ct2["device"] == "cpu"  # auto: JAX runs on the CPU here
   for quantization in ("float32", "int8"):
     for mode in ("greedy", "beam2"):
       r = ct2[quantization][mode]
@@ -466,6 +467,16 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
   )  # fmt: skip
   assert failed.returncode == 1
   assert failed.stderr.strip().splitlines()[-1].startswith("error: --engines=jax,onnx")
+  if not ctranslate2.get_cuda_device_count():  # a CUDA device asked for where there is none
+    failed = subprocess.run(
+        [sys.executable, "benchmarks/decode.py", f"--workdir={workdir}", *args[1:3],
+         "--ct2_device=cuda"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert failed.returncode == 1
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last == "error: --ct2_device=cuda: CTranslate2 sees no CUDA device", last
+    assert '"greedy"' not in failed.stdout  # refused before any decoding
 
 
 @pytest.mark.slow
