@@ -479,6 +479,37 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
     assert '"greedy"' not in failed.stdout  # refused before any decoding
 
 
+@pytest.mark.subprocess
+def test_accelerator_script_decode_row_times_both_engines(trained_run, tmp_path):
+  """benchmarks/accelerator.sh, the script a lent GPU runs: its decode row records the
+  project's and CTranslate2's figures (here on the CPU) and prints a line for each."""
+  workdir, config = trained_run
+  sources = tmp_path / "sources.txt"
+  sources.write_text("".join(s + "\n" for s, _ in unseen_pairs(config, 12)))
+  env = {
+      **os.environ, "ROWS": "decode", "RUN": str(workdir), "DECODE_INPUT": str(sources),
+      "DECODE_CHECKPOINT": "latest", "DECODE_BATCH_TOKENS": "256",
+      "DECODE_QUANTIZATIONS": "float32",
+  }  # fmt: skip
+  out = tmp_path / "out"
+  done = subprocess.run(
+      ["bash", "benchmarks/accelerator.sh", str(out)],
+      cwd=REPO, capture_output=True, text=True, timeout=600, env=env,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr[-3000:]
+  [line] = (out / "results.jsonl").read_text().splitlines()
+  row = json.loads(line)
+  assert row["name"] == "decode" and row["rc"] == 0, (out / "errors.log").read_text()
+  result = row["result"]
+  assert result["greedy"]["sentences"] == result["beam4"]["sentences"] == 12
+  ct2 = result["ctranslate2"]
+  assert ct2["device"] == "cpu" and set(ct2) >= {"float32"}
+  assert ct2["float32"]["greedy"]["identical_to_jax"] == 12  # the same model, the same search
+  lines = done.stdout.splitlines()
+  assert lines[0].startswith("decode: greedy ") and "sentences/s" in lines[0], done.stdout
+  assert lines[1].startswith("decode, CTranslate2 float32 on cpu: greedy "), done.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "variant", [v for v in VARIANTS if v not in ("post_ln", "layer_norm_epsilon")]
