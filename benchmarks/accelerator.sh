@@ -93,7 +93,7 @@ modes = ", ".join(f"{m} {r[m]['sentences_per_s']:,.0f} sentences/s" for m in ("g
 print(f"decode: {modes}, beam 4 / greedy time {r['beam_over_greedy_time']} ({r['device']},"
       f" {r['batch_tokens']} source tokens a batch)")
 ct2 = r.get("ctranslate2", {})
-for kind, t in ct2.items():
+for t in ct2.values():
   if isinstance(t, dict):
     modes = ", ".join(f"{m} {t[m]['sentences_per_s']:,.0f} sentences/s" for m in ("greedy", "beam4"))
     print(f"decode, CTranslate2 {t['compute_type']} on {ct2['device']}: {modes}")
