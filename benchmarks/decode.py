@@ -81,7 +81,7 @@ ENGINES = ("jax", "ctranslate2")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  engines = _check_engines()
+  engines, ct2_device = _check_engines()
   import jax
 
   from transformer_jax import decode, inference
@@ -147,7 +147,9 @@ def main(argv):
         result[f"beam{_BEAM.value}"]["seconds"] / result["greedy"]["seconds"], 2
     )
   if "ctranslate2" in engines:
-    result["ctranslate2"] = _time_ctranslate2(run, sources, modes, batch_tokens, translations)
+    result["ctranslate2"] = _time_ctranslate2(
+        run, sources, modes, batch_tokens, translations, ct2_device
+    )
   result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
   memory = getattr(device, "memory_stats", lambda: None)() or {}
   if "peak_bytes_in_use" in memory:
@@ -155,20 +157,23 @@ def main(argv):
   print(json.dumps(result))
 
 
-def _check_engines() -> list[str]:
+def _check_engines() -> tuple[list[str], str | None]:
+  """The engines asked for, and CTranslate2's device (None without it): bad values refused here,
+  before the run is loaded."""
   from transformer_jax import export
 
   engines = _ENGINES.value
   unknown = [e for e in engines if e not in ENGINES]
   if unknown or not engines:
     raise export.ExportError(f"--engines={','.join(engines)}: expected some of {ENGINES}")
+  ct2_device = None
   if "ctranslate2" in engines:
     for quantization in _QUANTIZATIONS.value:
       export.check_quantization(quantization)
-    _ct2_device(export.import_ctranslate2())  # a CUDA device asked for and missing: now
+    ct2_device = _ct2_device(export.import_ctranslate2())
   if _THREADS.value is not None and _THREADS.value < 1:
     raise export.ExportError(f"--threads={_THREADS.value}: must be >= 1")
-  return engines
+  return engines, ct2_device
 
 
 def _ct2_device(ctranslate2) -> str:
@@ -186,7 +191,7 @@ def _ct2_device(ctranslate2) -> str:
   return device
 
 
-def _time_ctranslate2(run, sources, modes, batch_tokens, translations) -> dict:
+def _time_ctranslate2(run, sources, modes, batch_tokens, translations, device) -> dict:
   """CTranslate2 on the run's parameters, exported once per quantization: for each mode, the
   median of --repeats passes over `sources` after a warm-up pass, and how many translations are
   identical to the project's (`translations`, where timed)."""
@@ -195,7 +200,6 @@ def _time_ctranslate2(run, sources, modes, batch_tokens, translations) -> dict:
   from transformer_jax import export
 
   threads = _THREADS.value or len(os.sched_getaffinity(0))
-  device = _ct2_device(ctranslate2)
   vocab_path = export.workdir_vocabulary(_WORKDIR.value)
   tokens = export.vocabulary_tokens(vocab_path)
   index = {token: i for i, token in enumerate(tokens)}

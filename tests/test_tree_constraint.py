@@ -315,13 +315,11 @@ def test_searches_write_only_well_formed_trees_and_agree(words, beam_size, order
   n = outputs.shape[1]
   limit = decode.output_limits(inputs, extra, n)
   decoder = predictor.decoder
-  if beam_size == 1:
-    reference = jax.jit(lambda p, x: decode.greedy_search(decoder, p, x, n, limit, constraint)[0])
-  else:
-    reference = jax.jit(
-        lambda p, x: decode.beam_search(decoder, p, x, n, beam_size, 0.6, limit, constraint)[0]
-    )
-  expected = reference(params, inputs)
-  if beam_size > 1:
-    expected = expected[:, 0]
+
+  def reference(p, x):  # the best output of the reference search, [b, n]
+    if beam_size == 1:
+      return decode.greedy_search(decoder, p, x, n, limit, constraint)[0]
+    return decode.beam_search(decoder, p, x, n, beam_size, 0.6, limit, constraint)[0][:, 0]
+
+  expected = jax.jit(reference)(params, inputs)
   np.testing.assert_array_equal(outputs, expected)
