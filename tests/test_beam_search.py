@@ -714,6 +714,27 @@ def test_a_sentence_translates_the_same_alone_and_in_any_batch():
       assert np.sum(alone[i] != PAD_ID) == len(sources[i]) + extra < 12 + extra
 
 
+def test_shape_policies_give_the_same_translations_from_fewer_programs():
+  # decode.SHAPES (eval.shapes, translate --shapes) choose only which batch shapes are compiled:
+  # "few" (no smaller batch under 32 rows here) compiles fewer programs than "fast" (which
+  # halves the batch of 16 once 8 are done) and returns exactly its translations.
+  params, _ = tiny_model()
+  rng = np.random.default_rng(5)
+  inputs = np.full((16, 6), PAD_ID, np.int32)
+  for row, n in enumerate(rng.integers(1, 6, 16)):
+    inputs[row, :n] = rng.integers(3, VOCAB, n)
+    inputs[row, n] = EOS_ID
+  extra = 9  # limits of 11-15 tokens: the sentences finish at different steps
+  for beam in (1, 4):
+    out, programs = {}, {}
+    for name, shapes in decode.SHAPES.items():
+      predictor = decode.Predictor(CONFIG, extra, beam, 0.6, **shapes)
+      out[name] = predictor(params, inputs)
+      programs[name] = predictor.programs()
+    np.testing.assert_array_equal(out["few"], out["fast"], err_msg=f"beam {beam}")
+    assert programs["few"] < programs["fast"], (beam, programs)
+
+
 def test_smaller_batches_halve_down_to_min_rows_in_device_multiples():
   predictor = decode.Predictor(CONFIG, EXTRA, 4, min_rows=8)
   assert predictor._smaller_batch(128, 100, 1) == 128  # more than half still decoding

@@ -15,12 +15,14 @@ import pytest
 from transformer_jax import (
     average,
     checkpoint,
+    decode,
     evaluate,
     inference,
     saved_programs,
     train,
     tune_decoding,
 )
+from transformer_jax import config as config_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -157,32 +159,42 @@ def test_a_sentence_translates_the_same_alone_as_in_a_batch(trained_run):
     assert all(n <= limit for n, limit in zip(lengths, limits))
 
 
+def test_shapes_override_the_runs_eval_shapes(trained_run):
+  workdir, _ = trained_run
+  run = inference.load_run(str(workdir), "latest", shapes="few")
+  assert run.config.eval.shapes == "few"
+  predictor = run.predictor
+  want = decode.SHAPES["few"]
+  assert (predictor.block, predictor.shrink, predictor.min_rows) == (
+      want["block"],
+      want["shrink"],
+      want["min_rows"],
+  )
+  assert inference.load_run(str(workdir), "latest").config.eval.shapes == "fast"  # the run's
+  assert set(decode.SHAPES) == {"fast", "few"}  # the values of cli.define_shapes_flag
+  with pytest.raises(config_lib.ConfigError, match=r"eval\.shapes='fastest': must be one of"):
+    inference.load_run(str(workdir), "latest", shapes="fastest")
+
+
 @pytest.mark.subprocess
 def test_translate_cli(trained_run, tmp_path):
   workdir, _ = trained_run
   source = tmp_path / "in.txt"
   source.write_text("a b c\n\nd e\n")
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "transformer_jax.translate",
-          "--workdir",
-          str(workdir),
-          "--checkpoint",
-          "avg",
-          "--beam_size",
-          "2",
-      ],
-      input=source.read_text(),
-      capture_output=True,
-      text=True,
-      cwd=REPO,
-      timeout=300,
-  )
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  out = proc.stdout.splitlines()
-  assert len(out) == 3 and out[1] == ""
+
+  def translate(*extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "transformer_jax.translate", "--workdir", str(workdir)]
+    command += ["--checkpoint", "avg", "--beam_size", "2", *extra]
+    proc = subprocess.run(
+        command, input=source.read_text(), capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+  out = translate().stdout
+  assert len(out.splitlines()) == 3 and out.splitlines()[1] == ""
+  # --shapes few: other batch shapes (decode.SHAPES), the same translations.
+  assert translate("--shapes", "few").stdout == out
 
 
 @pytest.mark.subprocess

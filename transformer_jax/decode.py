@@ -53,6 +53,14 @@ from transformer_jax.model_config import TransformerConfig
 # benchmarks/decode.py.
 DEFAULT_BLOCK = 16
 
+# `Predictor`'s batch shapes (`eval.shapes`; the same translations): "fast" decodes fastest once
+# compiled; "few" compiles ~5x fewer programs, so a first call returns ~2x sooner, decoding at
+# ~0.8 of the speed (beam 4, 2 CPU cores; docs/experiments.md, "a first call in few programs").
+SHAPES = {
+    "fast": {"block": DEFAULT_BLOCK, "shrink": 2, "min_rows": 8},
+    "few": {"block": 48, "shrink": 4, "min_rows": 32},
+}
+
 
 def output_limits(inputs: jax.Array, extra: int, max_decode_len: int) -> jax.Array:
   """[b] int32: each sentence's maximum output length, its source length (EOS included) + extra

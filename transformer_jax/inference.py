@@ -48,6 +48,7 @@ def load_config(
     beam_size: int | None = None,
     alpha: float | None = None,
     tree_constraints: bool | None = None,
+    shapes: str | None = None,
 ):
   """The run's saved config (on top of today's defaults), set up to decode on this machine's
   devices: batch split over all of them, parameters replicated; the eval settings given
@@ -65,6 +66,8 @@ def load_config(
     config.eval.alpha = alpha
   if tree_constraints is not None:
     config.eval.tree_constraints = tree_constraints
+  if shapes is not None:
+    config.eval.shapes = shapes
   config_lib.validate(config)
   xla_flags.apply(config.xla_flags)  # no-op once JAX has started (e.g. after training in-process)
   return config
@@ -344,15 +347,16 @@ def load_run(
     alpha: float | None = None,
     devices: Sequence[jax.Device] | None = None,
     tree_constraints: bool | None = None,
+    shapes: str | None = None,
 ) -> LoadedRun:
   """Config, vocabulary and parameters of the training run in `workdir`, ready to translate.
 
   `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto" (what the
   run's final evaluation used; see `resolve_checkpoint`). `beam_size`/`alpha` override the run's
-  eval settings (the defaults of `translate_*`), and `tree_constraints` its
-  `eval.tree_constraints` (parsing runs: tree_constraint.py).
+  eval settings (the defaults of `translate_*`), `tree_constraints` its `eval.tree_constraints`
+  (parsing runs: tree_constraint.py) and `shapes` its `eval.shapes` (decode.SHAPES).
   """
-  config = load_config(workdir, beam_size, alpha, tree_constraints)
+  config = load_config(workdir, beam_size, alpha, tree_constraints, shapes)
   try:
     tokenizer = pipeline.load_workdir_tokenizer(workdir)
   except (FileNotFoundError, ValueError) as e:
@@ -382,4 +386,5 @@ def _predictor(config, model_config: TransformerConfig, tokenizer) -> decode.Pre
       config.eval.beam_size,
       config.eval.alpha,
       constraint=tree_constraint.from_config(config, tokenizer),
+      **decode.SHAPES[config.eval.shapes],
   )

@@ -51,6 +51,7 @@ def _define_flags():
   )
   flags.DEFINE_string("input", None, "Input file (default: standard input).")
   flags.DEFINE_string("output", None, "Output file (default: standard output).")
+  cli.define_shapes_flag()
   cli.define_compilation_cache_flag()
 
 
@@ -108,7 +109,7 @@ def main(argv):
   cache = compilation.enable_cache(args.compilation_cache)
   run = inference.load_run(
       args.workdir, args.checkpoint, args.beam_size, args.alpha,
-      tree_constraints=args.tree_constraints,
+      tree_constraints=args.tree_constraints, shapes=args.shapes,
   )  # fmt: skip
   saved = saved_programs.attach(run.predictor, cache)  # a later call traces nothing
   logging.info(

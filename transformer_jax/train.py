@@ -277,6 +277,7 @@ class Trainer:
         config.eval.beam_size,
         config.eval.alpha,
         constraint=constraint,
+        **decode_lib.SHAPES[config.eval.shapes],
     )
 
   @property

@@ -1,7 +1,8 @@
 """Translate with a trained run: one line in, one line out, in order.
 
   python -m transformer_jax.translate --workdir DIR [--checkpoint auto|STEP|latest|avg]
-      [--beam_size 4] [--alpha 0.6] [--batch_tokens 2048] < input.txt > output.txt
+      [--beam_size 4] [--alpha 0.6] [--batch_tokens 2048] [--shapes fast|few]
+      < input.txt > output.txt
   python -m transformer_jax.translate --workdir DIR --input in.txt --output out.txt
 
 The input is read in chunks of --chunk_lines lines (a large file is never held whole); within a
@@ -17,6 +18,11 @@ Compiled searches are kept in JAX's persistent compilation cache (compilation.py
 instead of compiling them. Beside them, in its transformer_jax_programs/, the searches' programs
 are kept exported (saved_programs.py: jax.export's StableHLO), so that a later call does not
 trace the model again either. `--compilation_cache=` (empty) turns both off.
+
+A first call on a new machine is mostly compilation: one program per batch shape. `--shapes few`
+(decode.SHAPES) compiles ~5x fewer (beam 4 on 1,000 Multi30k sentences: 7 against 34) and
+returns ~2x sooner, decoding at ~0.8 of the speed of the default `fast` once compiled; the
+translations are the same.
 """
 
 from __future__ import annotations
@@ -98,6 +104,7 @@ def _define_flags():
   flags.DEFINE_integer(
       "chunk_lines", 20_000, "Lines read, translated and written at a time (memory bound)."
   )
+  cli.define_shapes_flag()
   cli.define_compilation_cache_flag()
 
 
@@ -118,7 +125,9 @@ def main(argv):
   from transformer_jax import compilation, inference, saved_programs
 
   cache = compilation.enable_cache(args.compilation_cache)
-  run = inference.load_run(args.workdir, args.checkpoint, args.beam_size, args.alpha)
+  run = inference.load_run(
+      args.workdir, args.checkpoint, args.beam_size, args.alpha, shapes=args.shapes
+  )
   saved = saved_programs.attach(run.predictor, cache)  # a later call traces nothing
   logging.info(
       "translating with %s (%s, α %g); compilation cache: %s", run.checkpoint,
