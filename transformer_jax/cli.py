@@ -164,7 +164,8 @@ def define_shapes_flag():
       ["fast", "few"],
       "The search's batch shapes (decode.SHAPES; default: the run's eval.shapes): 'fast' decodes "
       "fastest once compiled; 'few' compiles ~5x fewer programs, so a first call on a new "
-      "machine returns ~2x sooner, decoding at ~0.8 of the speed. The same translations.",
+      "machine returns ~2x sooner, decoding at ~0.8 of the speed. The same translations (on a "
+      "GPU, all but a few near-ties).",
       module_name=sys.argv[0],
   )
 

@@ -132,7 +132,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval.beam_size = 4  # §6.1; 1 = greedy
   c.eval.alpha = 0.6  # §6.1 length penalty ((5 + |Y|) / 6)^α
   # The search's batch shapes (decode.SHAPES): "fast" decodes fastest once compiled; "few"
-  # compiles ~5x fewer programs, for one-off calls on a new machine. The same translations.
+  # compiles ~5x fewer programs, for one-off calls on a new machine. The same translations (on a
+  # GPU, all but a few near-ties: the shapes change the order of floating-point sums).
   c.eval.shapes = "fast"
   # Parsing runs (data.source "ptb") only: the search writes only well-formed trees over the
   # input's words (tree_constraint.py). Not in the paper (§6.3 decodes freely): off by default.

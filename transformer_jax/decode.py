@@ -53,9 +53,10 @@ from transformer_jax.model_config import TransformerConfig
 # benchmarks/decode.py.
 DEFAULT_BLOCK = 16
 
-# `Predictor`'s batch shapes (`eval.shapes`; the same translations): "fast" decodes fastest once
-# compiled; "few" compiles ~5x fewer programs, so a first call returns ~2x sooner, decoding at
-# ~0.8 of the speed (beam 4, 2 CPU cores; docs/experiments.md, "a first call in few programs").
+# `Predictor`'s batch shapes (`eval.shapes`): "fast" decodes fastest once compiled; "few" compiles
+# ~5x fewer programs, so a first call returns ~2x sooner, decoding at ~0.8 of the speed (beam 4,
+# 2 CPU cores), with the same translations (on a GPU all but near-ties: 995 of 1,000 on an H200;
+# docs/experiments.md, "a first call in few programs").
 SHAPES = {
     "fast": {"block": DEFAULT_BLOCK, "shrink": 2, "min_rows": 8},
     "few": {"block": 48, "shrink": 4, "min_rows": 32},

@@ -22,7 +22,7 @@ trace the model again either. `--compilation_cache=` (empty) turns both off.
 A first call on a new machine is mostly compilation: one program per batch shape. `--shapes few`
 (decode.SHAPES) compiles ~5x fewer (beam 4 on 1,000 Multi30k sentences: 7 against 34) and
 returns ~2x sooner, decoding at ~0.8 of the speed of the default `fast` once compiled; the
-translations are the same.
+translations are the same (on a GPU all but a few near-ties: 995 of 1,000 on an H200).
 """
 
 from __future__ import annotations
