@@ -191,7 +191,8 @@ class LoadedRun:
     config = ml_collections.ConfigDict(self.config.to_dict())
     config.eval.tree_constraints = value
     config_lib.validate(config)
-    predictor = _predictor(config, self.model_config, self.tokenizer)
+    constraint = tree_constraint.from_config(config, self.tokenizer)
+    predictor = eval_predictor(config, self.model_config, constraint)
     return dataclasses.replace(self, config=config, predictor=predictor)
 
   def encode_lines(self, lines: Sequence[str]) -> list[list[int] | None]:
@@ -374,17 +375,21 @@ def load_run(
   else:
     params = restore_params(workdir, step, abstract)
     label = f"step {step}"
-  predictor = _predictor(config, model_config, tokenizer)
+  predictor = eval_predictor(config, model_config, tree_constraint.from_config(config, tokenizer))
   return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)
 
 
-def _predictor(config, model_config: TransformerConfig, tokenizer) -> decode.Predictor:
-  """The search of a run's eval settings (its tree constraint included)."""
+def eval_predictor(
+    config, model_config: TransformerConfig, constraint: tree_constraint.TreeConstraint | None
+) -> decode.Predictor:
+  """The search of a run's eval settings (output limit, beam, α, shapes) with `constraint` (a
+  parsing run's `tree_constraint.from_config`, else None): the final evaluation's and the
+  commands'."""
   return decode.Predictor(
       model_config,
       config.eval.max_decode_extra,
       config.eval.beam_size,
       config.eval.alpha,
-      constraint=tree_constraint.from_config(config, tokenizer),
+      constraint=constraint,
       **decode.SHAPES[config.eval.shapes],
   )

@@ -46,7 +46,6 @@ from transformer_jax import (
     xla_flags,
 )
 from transformer_jax import config as config_lib
-from transformer_jax import decode as decode_lib
 from transformer_jax import evaluate as evaluate_lib
 from transformer_jax.data import batching, pipeline, ptb, trees
 from transformer_jax.model import Transformer
@@ -271,14 +270,7 @@ class Trainer:
         in_shardings=(self.state_shardings.params, self.batch_sharding),
         out_shardings=self.replicated,
     )
-    self.predictor = decode_lib.Predictor(
-        model_config,
-        config.eval.max_decode_extra,
-        config.eval.beam_size,
-        config.eval.alpha,
-        constraint=constraint,
-        **decode_lib.SHAPES[config.eval.shapes],
-    )
+    self.predictor = inference.eval_predictor(config, model_config, constraint)
 
   @property
   def num_batch_shards(self) -> int:
