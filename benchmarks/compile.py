@@ -46,7 +46,7 @@ def main(argv):
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
-  from transformer_jax import decode, inference  # noqa: PLC0415
+  from transformer_jax import batch_shapes, decode, inference  # noqa: PLC0415
   from transformer_jax.model import Transformer  # noqa: PLC0415
 
   run = inference.load_run(_WORKDIR.value)
@@ -69,7 +69,7 @@ def main(argv):
 
   def compile_start(p, rows, length):
     inputs, n = batch(rows, length)
-    ends = decode.cache_block_ends(n, p.block)
+    ends = batch_shapes.cache_block_ends(n, p.shapes_for(rows).block)
     return p._start.trace(params, inputs, alpha, exit_at, beam_size=beam, n=n, end=ends[0])  # noqa: SLF001
 
   result = {"workdir": _WORKDIR.value, "device": jax.devices()[0].device_kind, "beam_size": beam}
@@ -79,7 +79,7 @@ def main(argv):
     """Seconds of each stage of the `start` program and of the next cache length's `block`."""
     p = predictor()
     inputs, n = batch(rows, length)
-    ends = decode.cache_block_ends(n, p.block)
+    ends = batch_shapes.cache_block_ends(n, p.shapes_for(rows).block)
     traced, t_s, _ = _timed(functools.partial(compile_start, p, rows, length))
     lowered, l_s, _ = _timed(traced.lower)
     start, c_s, c_c = _timed(lowered.compile)

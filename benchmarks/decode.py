@@ -1,11 +1,12 @@
 """Decoding speed of a trained run: greedy and beam search on the same sentences, one JSON line.
 
   python benchmarks/decode.py --workdir DIR [--input FILE] [--beam_size 4] [--repeats 3]
-      [--batch_tokens 2048] [--block 16] [--num_buckets 8] [--engines jax,ctranslate2]
-      [--threads N]
+      [--batch_tokens 2048] [--shapes fast] [--block 16] [--num_buckets 8]
+      [--engines jax,ctranslate2] [--threads N]
 
 Default input: the run's test split (e.g. Multi30k test2016 for configs/multi30k.py). The run is
-loaded once (parameters only, inference.py); each mode is timed `--repeats` times after a
+loaded once (parameters only, inference.py) with the search's `--shapes` (default `fast`, the
+speed once compiled, whatever the run's eval.shapes); each mode is timed `--repeats` times after a
 warm-up pass that compiles every batch shape (`compile_s`, warm-up included). Per mode the JSON
 has the median sentences/s and output tokens/s (target tokens incl. EOS, counted on the
 hypotheses), the decoder steps run (summed over batches) and the time per step, the batches and
@@ -25,6 +26,7 @@ divides log P(Y) by |Y|^`--length_penalty` where the project's divides by the §
 ((5 + |Y|) / 6)^α (|Y| with EOS in both), so their beam translations differ a little.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -38,7 +40,7 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from transformer_jax import cli
+from transformer_jax import batch_shapes, cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's --workdir.", required=True)
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line (default: test split).")
@@ -50,8 +52,15 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed passes per mode (the median
 _BATCH_TOKENS = flags.DEFINE_integer(
     "batch_tokens", None, "Source tokens per batch (default: inference.DEFAULT_BATCH_TOKENS)."
 )
+_SHAPES = flags.DEFINE_enum(
+    "shapes",
+    "fast",
+    list(batch_shapes.NAMES),
+    "The search's batch shapes (batch_shapes.py; not the run's eval.shapes): the default 'fast' "
+    "is the speed once compiled.",
+)
 _BLOCK = flags.DEFINE_integer(
-    "block", None, "Cache length block of the search (default: decode.DEFAULT_BLOCK; 0: none)."
+    "block", None, "Cache length block of --shapes fast or few (default: theirs; 0: none)."
 )
 _NUM_BUCKETS = flags.DEFINE_integer(
     "num_buckets",
@@ -81,19 +90,20 @@ ENGINES = ("jax", "ctranslate2")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _BLOCK.value is not None and _SHAPES.value == "auto":
+    raise app.UsageError("--block applies to --shapes fast or few, not auto")
   engines, ct2_device = _check_engines()
   import jax
 
-  from transformer_jax import decode, inference
+  from transformer_jax import inference
   from transformer_jax.data import pipeline
 
-  run = inference.load_run(_WORKDIR.value, _CHECKPOINT.value)
+  run = inference.load_run(_WORKDIR.value, _CHECKPOINT.value, shapes=_SHAPES.value)
   if _NUM_BUCKETS.value is not None:
     run.config.data.num_buckets = _NUM_BUCKETS.value
   if _BLOCK.value is not None:
-    run.predictor = decode.Predictor(
-        run.model_config, run.config.eval.max_decode_extra, block=_BLOCK.value or None
-    )
+    shapes = batch_shapes.SHAPES[_SHAPES.value]
+    run.predictor.shapes = dataclasses.replace(shapes, block=_BLOCK.value or None)
   if _INPUT.value:
     lines = pathlib.Path(_INPUT.value).read_text(encoding="utf-8").splitlines()
   else:
@@ -110,7 +120,8 @@ def main(argv):
       "checkpoint": run.checkpoint,
       "alpha": run.alpha,
       "batch_tokens": batch_tokens,
-      "block": run.predictor.block,
+      "shapes": _SHAPES.value,
+      "block": run.predictor.shapes_for(len(sources)).block,
       "bucket_lengths": list(pipeline.eval_bucket_lengths(run.config.data)),
   }
   modes = (("greedy", 1), (f"beam{_BEAM.value}", _BEAM.value))

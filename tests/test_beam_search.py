@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import compilation, decode, incremental, kv_cache, top_k
+from transformer_jax import batch_shapes, compilation, decode, incremental, kv_cache, top_k
+from transformer_jax.batch_shapes import Shapes
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.model import Transformer, TransformerConfig
 
@@ -431,7 +432,7 @@ def test_predictor_dispatches_on_beam_size():
 def blocks_by_hand(search, params, inputs, n, block, alpha):
   """The search run as Predictor runs it, block after block with the cache grown in between
   (no sentence dropped): the final state."""
-  ends = decode.cache_block_ends(n, block)
+  ends = batch_shapes.cache_block_ends(n, block)
   first_log_probs, beams, sentence = DECODER.start(params, inputs, ends[0])
   state = search.init(first_log_probs, jnp.full(inputs.shape[:1], n), n, alpha)
   beams = DECODER.add_beams(beams, search.beam_size)
@@ -449,12 +450,12 @@ def test_blocks_of_cache_length_change_nothing():
   whole = reference_beam_search(params, inputs, N, 4, 0.6)
   search = decode.Beam(4)
   blocks = jax.jit(lambda p, x: blocks_by_hand(search, p, x, N, 3, 0.6))(params, inputs)
-  assert decode.cache_block_ends(N, 3) == (3, 6, 8)
+  assert batch_shapes.cache_block_ends(N, 3) == (3, 6, 8)
   tokens, scores = search.result(blocks, 0.6)
   np.testing.assert_array_equal(tokens, whole[0])
   np.testing.assert_allclose(scores, whole[1], atol=1e-6)
   assert int(blocks.step) == int(whole[2]) > 3  # the search ran into the second block
-  predictor = decode.Predictor(CONFIG, EXTRA, 4, 0.6, block=3, compact=False)
+  predictor = decode.Predictor(CONFIG, EXTRA, 4, 0.6, Shapes(block=3), compact=False)
   got, steps = predictor.search(params, inputs)
   np.testing.assert_array_equal(got, whole[0][:, 0])
   # The Predictor returns the best hypothesis only, so a sentence is done once no alive one can
@@ -468,7 +469,9 @@ def test_blocks_of_cache_length_change_nothing():
   greedy_blocks = jax.jit(lambda p, x: blocks_by_hand(greedy, p, x, N, 3, 0.0))(params, inputs)
   np.testing.assert_array_equal(greedy_blocks.out, greedy_whole[0])
   assert int(greedy_blocks.step) == int(greedy_whole[1])
-  got, steps = decode.Predictor(CONFIG, EXTRA, block=3, compact=False).search(params, inputs)
+  got, steps = decode.Predictor(CONFIG, EXTRA, shapes=Shapes(block=3), compact=False).search(
+      params, inputs
+  )
   np.testing.assert_array_equal(got, greedy_whole[0])
   assert steps == int(greedy_whole[1])
 
@@ -651,8 +654,12 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
   extra = 11
   n = inputs.shape[1] + extra
   # One Predictor per beam size and batching rule: α is an argument of its programs.
-  compact = {k: decode.Predictor(CONFIG, extra, k, block=4, min_rows=1) for k in (1, 4)}
-  whole = {k: decode.Predictor(CONFIG, extra, k, block=4, compact=False) for k in (1, 4)}
+  compact = {
+      k: decode.Predictor(CONFIG, extra, k, shapes=Shapes(block=4, min_rows=1)) for k in (1, 4)
+  }
+  whole = {
+      k: decode.Predictor(CONFIG, extra, k, shapes=Shapes(block=4), compact=False) for k in (1, 4)
+  }
   for beam, alpha in ((1, 0.6), (4, 0.0), (4, 0.6), (4, -0.5)):
     if beam == 1:
       expected, steps = reference_greedy_search(params, jnp.asarray(inputs), n)
@@ -699,7 +706,7 @@ def test_a_sentence_translates_the_same_alone_and_in_any_batch():
 
   short = [i for i, n in enumerate(lengths) if n < 3]
   for beam in (1, 3):
-    predictor = decode.Predictor(CONFIG, extra, beam, 0.6, block=None, compact=False)
+    predictor = decode.Predictor(CONFIG, extra, beam, 0.6, Shapes(block=None), compact=False)
     alone = [predictor(params, batch([ids], 12))[0] for ids in sources]
     # Any batch: another order, and the short sentences alone in a batch padded to 3 tokens.
     for order, width in ((list(range(8)), 12), (list(rng.permutation(8)), 12), (short, 3)):
@@ -714,33 +721,68 @@ def test_a_sentence_translates_the_same_alone_and_in_any_batch():
       assert np.sum(alone[i] != PAD_ID) == len(sources[i]) + extra < 12 + extra
 
 
-def test_shape_policies_give_the_same_translations_from_fewer_programs():
-  # decode.SHAPES (eval.shapes, translate --shapes) choose only which batch shapes are compiled:
-  # "few" (no smaller batch under 32 rows here) compiles fewer programs than "fast" (which
-  # halves the batch of 16 once 8 are done) and returns exactly its translations.
-  params, _ = tiny_model()
+def _uneven_batch(rows: int = 16) -> np.ndarray:
+  """Sources of 1-5 tokens + EOS: with EXTRA 9 their limits are 11-15 tokens, so the sentences
+  finish at different steps and a compacting search shrinks the batch."""
   rng = np.random.default_rng(5)
-  inputs = np.full((16, 6), PAD_ID, np.int32)
-  for row, n in enumerate(rng.integers(1, 6, 16)):
+  inputs = np.full((rows, 6), PAD_ID, np.int32)
+  for row, n in enumerate(rng.integers(1, 6, rows)):
     inputs[row, :n] = rng.integers(3, VOCAB, n)
     inputs[row, n] = EOS_ID
-  extra = 9  # limits of 11-15 tokens: the sentences finish at different steps
+  return inputs
+
+
+def test_shape_policies_give_the_same_translations_from_fewer_programs():
+  # batch_shapes.SHAPES (eval.shapes, translate --shapes) choose only which batch shapes are
+  # compiled: "few" (no smaller batch under 32 rows here) compiles fewer programs than "fast"
+  # (which halves the batch of 16 once 8 are done) and returns exactly its translations.
+  params, _ = tiny_model()
+  inputs = _uneven_batch()
   for beam in (1, 4):
     out, programs = {}, {}
-    for name, shapes in decode.SHAPES.items():
-      predictor = decode.Predictor(CONFIG, extra, beam, 0.6, **shapes)
+    for name in batch_shapes.SHAPES:
+      predictor = decode.Predictor(CONFIG, 9, beam, 0.6, shapes=name)
       out[name] = predictor(params, inputs)
       programs[name] = predictor.programs()
     np.testing.assert_array_equal(out["few"], out["fast"], err_msg=f"beam {beam}")
     assert programs["few"] < programs["fast"], (beam, programs)
 
 
-def test_smaller_batches_halve_down_to_min_rows_in_device_multiples():
-  predictor = decode.Predictor(CONFIG, EXTRA, 4, min_rows=8)
-  assert predictor._smaller_batch(128, 100, 1) == 128  # more than half still decoding
-  assert predictor._smaller_batch(128, 64, 1) == 64
-  assert predictor._smaller_batch(128, 17, 1) == 32
-  assert predictor._smaller_batch(128, 3, 1) == 8  # not below min_rows
-  assert predictor._smaller_batch(85, 20, 1) == 22  # ceil(85 / 4)
-  assert predictor._smaller_batch(85, 20, 8) == 24  # rounded up to the devices' multiple
-  assert predictor._smaller_batch(8, 1, 8) == 8
+def test_auto_shapes_take_few_for_small_calls_then_fast_from_the_first_large_one(monkeypatch):
+  monkeypatch.setattr(batch_shapes, "AUTO_FEW_BELOW", 20)
+  params, _ = tiny_model()
+  inputs = _uneven_batch()
+  programs, want = {}, None
+  for name in batch_shapes.SHAPES:
+    predictor = decode.Predictor(CONFIG, 9, 4, 0.6, shapes=name)
+    want = predictor(params, inputs)
+    programs[name] = predictor.signatures
+  assert programs["few"] != programs["fast"]
+  auto = decode.Predictor(CONFIG, 9, 4, 0.6, shapes="auto")
+
+  def call(sentences):
+    auto.signatures.clear()
+    out, _ = auto.search(params, inputs, sentences=sentences)
+    np.testing.assert_array_equal(out, want, err_msg=f"a call of {sentences}")  # fast's = few's
+    return auto.signatures
+
+  assert call(None) == programs["few"]  # sentences: the batch's 16 rows, fewer than 20
+  assert call(19) == programs["few"]
+  assert call(20) == programs["fast"]
+  assert call(5) == programs["fast"]  # fast's programs are compiled now: it keeps them
+  with pytest.raises(ValueError, match="shapes='fastest'"):
+    decode.Predictor(CONFIG, 9, shapes="fastest")
+
+
+def test_smaller_batches_shrink_down_to_min_rows_in_device_multiples():
+  shapes = Shapes(shrink=2, min_rows=8)
+  assert shapes.smaller(128, 100, 1) == 128  # more than half still decoding
+  assert shapes.smaller(128, 64, 1) == 64
+  assert shapes.smaller(128, 17, 1) == 32
+  assert shapes.smaller(128, 3, 1) == 8  # not below min_rows
+  assert shapes.smaller(85, 20, 1) == 22  # ceil(85 / 4)
+  assert shapes.smaller(85, 20, 8) == 24  # rounded up to the devices' multiple
+  assert shapes.smaller(8, 1, 8) == 8
+  few = batch_shapes.SHAPES["few"]  # by 4 at once, not below 32
+  assert few.smaller(128, 100, 1) == 128 and few.smaller(128, 31, 1) == 32
+  assert few.smaller(128, 33, 1) == 128 and few.smaller(64, 3, 1) == 64

@@ -12,6 +12,7 @@ import pytest
 from test_beam_search import CONFIG, EXTRA, tiny_model
 
 from transformer_jax import compilation, decode, saved_programs
+from transformer_jax.batch_shapes import Shapes
 
 
 def _files(directory):
@@ -19,7 +20,7 @@ def _files(directory):
 
 
 def _predictor(beam_size):
-  return decode.Predictor(CONFIG, EXTRA, beam_size, 0.6, block=4)  # a start and a block
+  return decode.Predictor(CONFIG, EXTRA, beam_size, 0.6, Shapes(block=4))  # a start and a block
 
 
 @pytest.fixture(scope="module", params=[1, 4], ids=["greedy", "beam4"])
@@ -95,7 +96,9 @@ class Constraint:
 def test_what_changes_a_program_changes_its_identity(tmp_path):
   identity = lambda p: saved_programs.predictor_identity(p)  # noqa: E731
   base = decode.Predictor(CONFIG, EXTRA, 4, 0.6)
-  assert identity(base) == identity(decode.Predictor(CONFIG, EXTRA, 1, 2.0, block=5))  # arguments
+  assert identity(base) == identity(
+      decode.Predictor(CONFIG, EXTRA, 1, 2.0, Shapes(block=5))
+  )  # arguments
   assert identity(base) != identity(decode.Predictor(CONFIG, EXTRA + 1))
   assert identity(base) != identity(decode.Predictor(CONFIG.replace(d_ff=128), EXTRA))
   table = np.zeros(CONFIG.vocab_size, np.float32)

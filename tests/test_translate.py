@@ -14,8 +14,8 @@ import pytest
 
 from transformer_jax import (
     average,
+    batch_shapes,
     checkpoint,
-    decode,
     evaluate,
     inference,
     saved_programs,
@@ -162,18 +162,29 @@ def test_a_sentence_translates_the_same_alone_as_in_a_batch(trained_run):
 def test_shapes_override_the_runs_eval_shapes(trained_run):
   workdir, _ = trained_run
   run = inference.load_run(str(workdir), "latest", shapes="few")
-  assert run.config.eval.shapes == "few"
-  predictor = run.predictor
-  want = decode.SHAPES["few"]
-  assert (predictor.block, predictor.shrink, predictor.min_rows) == (
-      want["block"],
-      want["shrink"],
-      want["min_rows"],
-  )
-  assert inference.load_run(str(workdir), "latest").config.eval.shapes == "fast"  # the run's
-  assert set(decode.SHAPES) == {"fast", "few"}  # the values of cli.define_shapes_flag
+  assert run.config.eval.shapes == "few" and run.predictor.shapes == "few"
+  default = inference.load_run(str(workdir), "latest")
+  assert default.config.eval.shapes == "auto" and default.predictor.shapes == "auto"  # the run's
+  assert batch_shapes.NAMES == ("auto", "fast", "few")  # config validation and --shapes take these
   with pytest.raises(config_lib.ConfigError, match=r"eval\.shapes='fastest': must be one of"):
     inference.load_run(str(workdir), "latest", shapes="fastest")
+
+
+def test_auto_shapes_follow_the_calls_sentences_not_its_batch_rows(trained_run, monkeypatch):
+  # translate_sources tells the search how many sentences the whole call has: "auto" decodes a
+  # call of 2 sentences (in one batch of many more rows) in "few", a call of 3 in "fast", and
+  # keeps "fast" from then on; every call's translations equal "fast"'s own.
+  workdir, _ = trained_run
+  monkeypatch.setattr(batch_shapes, "AUTO_FEW_BELOW", 3)
+  run = inference.load_run(str(workdir), "latest")
+  fast = inference.load_run(str(workdir), "latest", shapes="fast")
+  sources = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+  want = fast.translate_ids(sources)
+  stats = {}
+  assert run.translate_ids(sources[:2], stats=stats) == want[:2]
+  assert stats["batches"] == 1 and stats["rows"] > 3 and not run.predictor.auto_fast
+  assert run.translate_ids(sources) == want and run.predictor.auto_fast
+  assert run.translate_ids(sources[:1]) == want[:1] and run.predictor.auto_fast
 
 
 @pytest.mark.subprocess
@@ -191,10 +202,10 @@ def test_translate_cli(trained_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
 
-  out = translate().stdout
+  out = translate().stdout  # the run's eval.shapes: "auto", here "few" (2 sentences)
   assert len(out.splitlines()) == 3 and out.splitlines()[1] == ""
-  # --shapes few: other batch shapes (decode.SHAPES), the same translations.
-  assert translate("--shapes", "few").stdout == out
+  # --shapes fast: other batch shapes (batch_shapes.py), the same translations.
+  assert translate("--shapes", "fast").stdout == out
 
 
 @pytest.mark.subprocess

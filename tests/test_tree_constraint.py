@@ -12,6 +12,7 @@ from testing import random_params
 from configs import multi30k
 from transformer_jax import config as config_lib
 from transformer_jax import decode, tree_constraint
+from transformer_jax.batch_shapes import Shapes
 from transformer_jax.data import ptb, trees
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, RESERVED_TOKENS
 from transformer_jax.model import TransformerConfig
@@ -293,7 +294,7 @@ def test_searches_write_only_well_formed_trees_and_agree(words, beam_size, order
   extra = 40
   # One block: one program per search (tests/test_beam_search.py covers the blocks).
   predictor = decode.Predictor(
-      config, extra, beam_size, alpha=0.6, block=None, constraint=constraint
+      config, extra, beam_size, alpha=0.6, shapes=Shapes(block=None), constraint=constraint
   )
   outputs, _ = predictor.search(params, inputs)
   linearization = trees.Linearization("labeled", words, order)
@@ -303,7 +304,7 @@ def test_searches_write_only_well_formed_trees_and_agree(words, beam_size, order
     if words:  # the word tokens are the input's, in order
       written = [t for t in out.tolist() if token_kind(tokens[t]) == WORD]
       assert written == tokenizer.encode(" ".join(sentence))
-  unconstrained = decode.Predictor(config, extra, beam_size, alpha=0.6, block=None)
+  unconstrained = decode.Predictor(config, extra, beam_size, alpha=0.6, shapes=Shapes(block=None))
   unconstrained = unconstrained.search(params, inputs)[0]
   assert (
       sum(

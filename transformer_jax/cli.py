@@ -18,6 +18,7 @@ from collections.abc import Callable
 import ml_collections
 from absl import app, flags
 
+from transformer_jax import batch_shapes  # plain Python: --help imports no JAX
 from transformer_jax.errors import UserError
 
 
@@ -156,16 +157,17 @@ def check_output_file(path: str, flag: str = "--output") -> None:
 
 
 def define_shapes_flag():
-  """The decoding commands' --shapes flag (translate, parse): the run's eval.shapes overridden.
-  Its values are decode.SHAPES's names, written out so that --help does not import JAX."""
+  """The decoding commands' --shapes flag (translate, parse): the run's eval.shapes overridden."""
   flags.DEFINE_enum(
       "shapes",
       None,
-      ["fast", "few"],
-      "The search's batch shapes (decode.SHAPES; default: the run's eval.shapes): 'fast' decodes "
-      "fastest once compiled; 'few' compiles ~5x fewer programs, so a first call on a new "
-      "machine returns ~2x sooner, decoding at ~0.8 of the speed. The same translations (on a "
-      "GPU, all but a few near-ties).",
+      list(batch_shapes.NAMES),
+      "The search's batch shapes (batch_shapes.py; default: the run's eval.shapes, 'auto' "
+      "unless set): 'fast' decodes fastest once compiled; 'few' compiles ~5x fewer programs, "
+      "so a first call on a new machine returns ~2x sooner, decoding at ~0.8 of the speed; "
+      f"'auto' takes 'few' for fewer than {batch_shapes.AUTO_FEW_BELOW:,} sentences (per "
+      "--chunk_lines chunk), else 'fast'. The same translations (on a GPU, all but a few "
+      "near-ties).",
       module_name=sys.argv[0],
   )
 

@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from transformer_jax import cli, decode, errors, sharding, xla_flags
+from transformer_jax import batch_shapes, cli, errors, sharding, xla_flags
 from transformer_jax.model_config import TransformerConfig
 
 SOURCES = ("synthetic", "text", "tfds", "ptb")
@@ -131,10 +131,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval.max_decode_extra = 50  # §6.1: maximum output length = input length + 50
   c.eval.beam_size = 4  # §6.1; 1 = greedy
   c.eval.alpha = 0.6  # §6.1 length penalty ((5 + |Y|) / 6)^α
-  # The search's batch shapes (decode.SHAPES): "fast" decodes fastest once compiled; "few"
-  # compiles ~5x fewer programs, for one-off calls on a new machine. The same translations (on a
-  # GPU, all but a few near-ties: the shapes change the order of floating-point sums).
-  c.eval.shapes = "fast"
+  # The search's batch shapes (batch_shapes.py): "fast" decodes fastest once compiled; "few"
+  # compiles ~5x fewer programs, so a first call on a new machine returns ~2x sooner; "auto":
+  # "few" for calls of fewer than 2,000 sentences, "fast" from the first larger call on. The
+  # same translations (on a GPU, all but a few near-ties: shapes change the order of sums).
+  c.eval.shapes = "auto"
   # Parsing runs (data.source "ptb") only: the search writes only well-formed trees over the
   # input's words (tree_constraint.py). Not in the paper (§6.3 decodes freely): off by default.
   c.eval.tree_constraints = False
@@ -294,7 +295,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check(e.max_decode_extra >= 1, "eval.max_decode_extra", "must be >= 1")
   check(e.beam_size >= 1, "eval.beam_size", "must be >= 1 (1 = greedy)")
   check(e.alpha >= 0, "eval.alpha", "must be >= 0")
-  check(e.shapes in decode.SHAPES, "eval.shapes", f"must be one of {sorted(decode.SHAPES)}")
+  check(e.shapes in batch_shapes.NAMES, "eval.shapes", f"must be one of {batch_shapes.NAMES}")
   check(
       not e.tree_constraints or config.data.source == "ptb",
       "eval.tree_constraints",

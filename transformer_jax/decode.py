@@ -24,7 +24,7 @@ one (its best, with `best_only`: the same best, sooner); from then on its state 
 
 What makes it fast on a CPU (each measured, see benchmarks/decode.py): the KV cache is never
 reordered (one cross-attention copy per sentence, a slot table for the beams: kv_cache.py); it
-grows in blocks of `DEFAULT_BLOCK` positions; the top 2k extensions come from the 2k chunks of
+grows in blocks of positions (batch_shapes.py); the top 2k extensions come from the 2k chunks of
 the vocabulary with the highest maxima (`top_k.top_extensions`, the flat top_k's result); finished
 sentences leave the batch (`Predictor`); α is traced, so trying several α compiles once.
 
@@ -44,23 +44,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import distributed, top_k
+from transformer_jax import batch_shapes, distributed, top_k
+from transformer_jax.batch_shapes import SHAPES, Shapes, cache_block_ends
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.incremental import IncrementalDecoder
 from transformer_jax.model_config import TransformerConfig
-
-# Cache lengths grow in blocks of this many positions: measured on the Multi30k model, see
-# benchmarks/decode.py.
-DEFAULT_BLOCK = 16
-
-# `Predictor`'s batch shapes (`eval.shapes`): "fast" decodes fastest once compiled; "few" compiles
-# ~5x fewer programs, so a first call returns ~2x sooner, decoding at ~0.8 of the speed (beam 4,
-# 2 CPU cores), with the same translations (on a GPU all but near-ties: 995 of 1,000 on an H200;
-# docs/experiments.md, "a first call in few programs").
-SHAPES = {
-    "fast": {"block": DEFAULT_BLOCK, "shrink": 2, "min_rows": 8},
-    "few": {"block": 48, "shrink": 4, "min_rows": 32},
-}
 
 
 def output_limits(inputs: jax.Array, extra: int, max_decode_len: int) -> jax.Array:
@@ -68,16 +56,6 @@ def output_limits(inputs: jax.Array, extra: int, max_decode_len: int) -> jax.Arr
   (§6.1), within `max_decode_len`."""
   lengths = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32)
   return jnp.minimum(lengths + extra, max_decode_len)
-
-
-def cache_block_ends(max_decode_len: int, block: int | None) -> tuple[int, ...]:
-  """The cache lengths a search decodes in: multiples of `block`, then `max_decode_len` (None:
-  one block). Steps p < ends[0] run with a cache of ends[0] positions, and so on."""
-  if block is None or block >= max_decode_len:
-    return (max_decode_len,)
-  if block < 1:
-    raise ValueError(f"block={block} must be >= 1")
-  return tuple(range(block, max_decode_len, block)) + (max_decode_len,)
 
 
 # ----------------------------------------------------------------------------- greedy search
@@ -355,6 +333,7 @@ class _Batch:
   """The host's view of a batch being searched (`Predictor.search`)."""
 
   where: np.ndarray  # [rows]: the batch row of each row of `carry`
+  shapes: Shapes
   carry: SearchCarry | None = None  # on the devices; None before the first block
   keep: np.ndarray | None = None  # the rows of `carry` the next block goes on with
   block: int = 0  # index of the cache length being decoded in
@@ -369,7 +348,8 @@ class Predictor:
   `beam_search` (`Beam.best_only`), run as jitted blocks of steps driven from the host, one
   program per cache length (`cache_block_ends`), the first with the encoder and first step.
   Between blocks the host reads which sentences are done; once at most half are still decoding
-  (and `compact`), the rest go on in a batch half the size or smaller (at least `min_rows`). A
+  (and `compact`), the rest go on in a smaller batch (`Shapes.smaller`). `shapes` is a `Shapes`
+  or a name of batch_shapes.NAMES (`shapes_for`); it decides only which programs are compiled. A
   done sentence's hypotheses never change, so this changes no translation, and the last blocks of
   a batch do not carry its finished sentences along. α is traced, the beam size static.
   `constraint(log_probs, prefixes, limit, inputs [b, s])` constrains every step (module docstring).
@@ -377,13 +357,15 @@ class Predictor:
 
   def __init__(
       self, config: TransformerConfig, max_decode_extra: int, beam_size: int = 1,
-      alpha: float = 0.6, block: int | None = DEFAULT_BLOCK, compact: bool = True,
-      min_rows: int = 8, shrink: int = 2, constraint: Callable | None = None,
+      alpha: float = 0.6, shapes: Shapes | str = "fast", compact: bool = True,
+      constraint: Callable | None = None,
   ):  # fmt: skip
     _check_beam_size(beam_size)
+    if not isinstance(shapes, Shapes) and shapes not in batch_shapes.NAMES:
+      raise ValueError(f"shapes={shapes!r}: expected a Shapes or one of {batch_shapes.NAMES}")
     self.config, self.max_decode_extra = config, max_decode_extra
-    self.beam_size, self.alpha, self.block = beam_size, alpha, block
-    self.compact, self.min_rows, self.shrink = compact, min_rows, shrink
+    self.beam_size, self.alpha, self.shapes, self.compact = beam_size, alpha, shapes, compact
+    self.auto_fast = False  # "auto" has decoded a call of AUTO_FEW_BELOW sentences or more
     self.constraint = constraint
     self.decoder = IncrementalDecoder(config)
     self._start = jax.jit(self._start_impl, static_argnames=("beam_size", "n", "end"))
@@ -415,24 +397,36 @@ class Predictor:
     carry = carry._replace(beams=beams, state=state)
     return carry, search.done(state, alpha), state.step, search.best(state, alpha)
 
-  def search(self, params, inputs, alpha=None, beam_size=None, stats: dict | None = None):
-    """(tokens [b, n] on every host, decoder steps run). `stats`, if given, gains "row_steps":
-    the sentences decoded at each step, summed, the cost dropping finished sentences cuts."""
+  def shapes_for(self, sentences: int) -> Shapes:
+    """The shapes of a call that translates `sentences` sentences (batch_shapes.SHAPES)."""
+    if isinstance(self.shapes, Shapes):
+      return self.shapes
+    if self.shapes != "auto":
+      return SHAPES[self.shapes]
+    # From the first large call on, "fast": its programs are compiled by then.
+    self.auto_fast = self.auto_fast or sentences >= batch_shapes.AUTO_FEW_BELOW
+    return SHAPES["fast" if self.auto_fast else "few"]
+
+  def search(self, params, inputs, alpha=None, beam_size=None, stats=None, sentences=None):
+    """(tokens [b, n] on every host, decoder steps run). `sentences`: how many the whole call
+    translates (`shapes_for`; default b). `stats`, if given, gains "row_steps": the sentences
+    decoded at each step, summed, the cost dropping finished sentences cuts."""
     beam_size = self.beam_size if beam_size is None else beam_size
     _check_beam_size(beam_size)
     alpha = jnp.float32(self.alpha if alpha is None else alpha)
+    shapes = self.shapes_for(inputs.shape[0] if sentences is None else sentences)
     n = min(inputs.shape[1] + self.max_decode_extra, self.config.max_len)  # the longest limit
-    ends = cache_block_ends(n, self.block)
+    ends = cache_block_ends(n, shapes.block)
     sharding = getattr(inputs, "sharding", None)  # numpy inputs: one device
     shards = inputs.shape[0] // sharding.shard_shape(inputs.shape)[0] if sharding else 1
     out = np.full((inputs.shape[0], n), PAD_ID, np.int32)
-    batch = _Batch(where=np.arange(inputs.shape[0]))
+    batch = _Batch(where=np.arange(inputs.shape[0]), shapes=shapes)
     while True:
       done, tokens = self._run_block(batch, params, inputs, alpha, beam_size, n, ends, shards)
       if batch.block == len(ends) or done.all():
         break
       rows = len(batch.where)
-      size = self._smaller_batch(rows, int((~done).sum()), shards) if self.compact else rows
+      size = batch.shapes.smaller(rows, int((~done).sum()), shards) if self.compact else rows
       if size < rows:
         out[batch.where] = distributed.gather(tokens)  # the finished sentences' translations
         batch.keep = np.concatenate([np.flatnonzero(~done), np.flatnonzero(done)])[:size]
@@ -445,8 +439,9 @@ class Predictor:
   def _run_block(self, batch: _Batch, params, inputs, alpha, beam_size, n, ends, shards):
     """Runs `batch`'s next block; returns (done [rows] on the host, best tokens [rows, n])."""
     rows, end = len(batch.where), ends[batch.block]
-    # Leave the block as soon as the batch could shrink (by half), not at its end.
-    smaller = self._smaller_batch(rows, -(-rows // self.shrink), shards) if self.compact else rows
+    # Leave the block as soon as the batch could shrink (by `shrink`), not at its end.
+    shapes = batch.shapes
+    smaller = shapes.smaller(rows, -(-rows // shapes.shrink), shards) if self.compact else rows
     exit_at = np.int32(smaller if smaller < rows else 0)
     if batch.carry is None:
       self.signatures.add(("start", inputs.shape, beam_size, end))
@@ -473,19 +468,6 @@ class Predictor:
       return functools.partial(self._start if name == "start" else self._block, **static)
     impl = self._start_impl if name == "start" else self._block_impl
     return self.saved.program(name, impl, static)
-
-  def _smaller_batch(self, rows: int, active: int, multiple: int) -> int:
-    """The rows to go on with: rows / shrink^j for the largest j that keeps the `active`
-    sentences and `min_rows`, rounded up to a multiple of `multiple` (the devices the batch is
-    split over); `rows` itself while more than that. Few shapes, so few programs compiled."""
-    best = rows
-    for j in range(1, 32):
-      size = -(-rows // self.shrink**j)
-      size = -(-size // multiple) * multiple
-      if size < max(active, self.min_rows) or size >= best:
-        break
-      best = size
-    return best
 
   def __call__(self, params, inputs, alpha=None, beam_size=None) -> np.ndarray:
     return self.search(params, inputs, alpha, beam_size)[0]

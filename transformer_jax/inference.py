@@ -277,7 +277,7 @@ def translate_sources(
       sources, bucket_lengths, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
   ):
     tokens, steps = predictor.search(
-        params, _to_global(batch_sharding, inputs), alpha, beam_size, stats=totals
+        params, _to_global(batch_sharding, inputs), alpha, beam_size, totals, len(sources)
     )
     for row, i in enumerate(index):
       if i >= 0:
@@ -355,7 +355,7 @@ def load_run(
   `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto" (what the
   run's final evaluation used; see `resolve_checkpoint`). `beam_size`/`alpha` override the run's
   eval settings (the defaults of `translate_*`), `tree_constraints` its `eval.tree_constraints`
-  (parsing runs: tree_constraint.py) and `shapes` its `eval.shapes` (decode.SHAPES).
+  (parsing runs: tree_constraint.py) and `shapes` its `eval.shapes` (batch_shapes.py).
   """
   config = load_config(workdir, beam_size, alpha, tree_constraints, shapes)
   try:
@@ -390,6 +390,6 @@ def eval_predictor(
       config.eval.max_decode_extra,
       config.eval.beam_size,
       config.eval.alpha,
+      shapes=config.eval.shapes,
       constraint=constraint,
-      **decode.SHAPES[config.eval.shapes],
   )

@@ -1,7 +1,7 @@
 """Translate with a trained run: one line in, one line out, in order.
 
   python -m transformer_jax.translate --workdir DIR [--checkpoint auto|STEP|latest|avg]
-      [--beam_size 4] [--alpha 0.6] [--batch_tokens 2048] [--shapes fast|few]
+      [--beam_size 4] [--alpha 0.6] [--batch_tokens 2048] [--shapes auto|fast|few]
       < input.txt > output.txt
   python -m transformer_jax.translate --workdir DIR --input in.txt --output out.txt
 
@@ -19,10 +19,12 @@ instead of compiling them. Beside them, in its transformer_jax_programs/, the se
 are kept exported (saved_programs.py: jax.export's StableHLO), so that a later call does not
 trace the model again either. `--compilation_cache=` (empty) turns both off.
 
-A first call on a new machine is mostly compilation: one program per batch shape. `--shapes few`
-(decode.SHAPES) compiles ~5x fewer (beam 4 on 1,000 Multi30k sentences: 7 against 34) and
-returns ~2x sooner, decoding at ~0.8 of the speed of the default `fast` once compiled; the
-translations are the same (on a GPU all but a few near-ties: 995 of 1,000 on an H200).
+A first call on a new machine is mostly compilation: one program per batch shape
+(batch_shapes.py). `--shapes few` compiles ~5x fewer (beam 4 on 1,000 Multi30k sentences: 7
+against 34) and returns ~2x sooner, decoding at ~0.8 of the speed of `fast` once compiled;
+`auto`, the default unless the run's eval.shapes says otherwise, takes `few` for a chunk of fewer
+than 2,000 sentences and `fast` from the first larger one on. The translations are the same (on a
+GPU all but a few near-ties: 995 of 1,000 on an H200).
 """
 
 from __future__ import annotations
