@@ -165,9 +165,9 @@ def define_shapes_flag():
       "The search's batch shapes (batch_shapes.py; default: the run's eval.shapes, 'auto' "
       "unless set): 'fast' decodes fastest once compiled; 'few' compiles ~5x fewer programs, "
       "so a first call on a new machine returns ~2x sooner, decoding at ~0.8 of the speed; "
-      f"'auto' takes 'few' for fewer than {batch_shapes.AUTO_FEW_BELOW:,} sentences (per "
-      "--chunk_lines chunk), else 'fast'. The same translations (on a GPU, all but a few "
-      "near-ties).",
+      f"'auto' takes 'few' for a call of fewer than {batch_shapes.AUTO_FEW_BELOW:,} sentences "
+      "(translate: a --chunk_lines chunk; parse: the input), 'fast' from the first larger one on. "
+      "The same translations (on a GPU, all but a few near-ties).",
       module_name=sys.argv[0],
   )
 

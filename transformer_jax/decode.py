@@ -347,8 +347,8 @@ class Predictor:
   beam_size 1 is greedy search, otherwise beam search: the best hypothesis of `greedy_search` or
   `beam_search` (`Beam.best_only`), run as jitted blocks of steps driven from the host, one
   program per cache length (`cache_block_ends`), the first with the encoder and first step.
-  Between blocks the host reads which sentences are done; once at most half are still decoding
-  (and `compact`), the rest go on in a smaller batch (`Shapes.smaller`). `shapes` is a `Shapes`
+  Between blocks the host reads which sentences are done; once few enough are still decoding
+  (and `compact`), they go on in a smaller batch (`Shapes.smaller`). `shapes` is a `Shapes`
   or a name of batch_shapes.NAMES (`shapes_for`); it decides only which programs are compiled. A
   done sentence's hypotheses never change, so this changes no translation, and the last blocks of
   a batch do not carry its finished sentences along. α is traced, the beam size static.
@@ -398,7 +398,8 @@ class Predictor:
     return carry, search.done(state, alpha), state.step, search.best(state, alpha)
 
   def shapes_for(self, sentences: int) -> Shapes:
-    """The shapes of a call that translates `sentences` sentences (batch_shapes.SHAPES)."""
+    """The shapes of a call that translates `sentences` sentences (batch_shapes.SHAPES); with
+    "auto", a call of AUTO_FEW_BELOW or more is remembered (`auto_fast`)."""
     if isinstance(self.shapes, Shapes):
       return self.shapes
     if self.shapes != "auto":
