@@ -69,7 +69,7 @@ def main(argv):
 
   def compile_start(p, rows, length):
     inputs, n = batch(rows, length)
-    ends = batch_shapes.cache_block_ends(n, p.shapes_for(rows).block)
+    ends = batch_shapes.cache_block_ends(n, batch_shapes.SHAPES[p.shapes].block)
     return p._start.trace(params, inputs, alpha, exit_at, beam_size=beam, n=n, end=ends[0])  # noqa: SLF001
 
   result = {"workdir": _WORKDIR.value, "device": jax.devices()[0].device_kind, "beam_size": beam}
@@ -79,7 +79,7 @@ def main(argv):
     """Seconds of each stage of the `start` program and of the next cache length's `block`."""
     p = predictor()
     inputs, n = batch(rows, length)
-    ends = batch_shapes.cache_block_ends(n, p.shapes_for(rows).block)
+    ends = batch_shapes.cache_block_ends(n, batch_shapes.SHAPES[p.shapes].block)
     traced, t_s, _ = _timed(functools.partial(compile_start, p, rows, length))
     lowered, l_s, _ = _timed(traced.lower)
     start, c_s, c_c = _timed(lowered.compile)

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import batch_shapes, distributed, top_k
-from transformer_jax.batch_shapes import SHAPES, Shapes, cache_block_ends
+from transformer_jax.batch_shapes import Shapes
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.incremental import IncrementalDecoder
 from transformer_jax.model_config import TransformerConfig
@@ -403,10 +403,10 @@ class Predictor:
     if isinstance(self.shapes, Shapes):
       return self.shapes
     if self.shapes != "auto":
-      return SHAPES[self.shapes]
+      return batch_shapes.SHAPES[self.shapes]
     # From the first large call on, "fast": its programs are compiled by then.
     self.auto_fast = self.auto_fast or sentences >= batch_shapes.AUTO_FEW_BELOW
-    return SHAPES["fast" if self.auto_fast else "few"]
+    return batch_shapes.SHAPES["fast" if self.auto_fast else "few"]
 
   def search(self, params, inputs, alpha=None, beam_size=None, stats=None, sentences=None):
     """(tokens [b, n] on every host, decoder steps run). `sentences`: how many the whole call
@@ -417,7 +417,7 @@ class Predictor:
     alpha = jnp.float32(self.alpha if alpha is None else alpha)
     shapes = self.shapes_for(inputs.shape[0] if sentences is None else sentences)
     n = min(inputs.shape[1] + self.max_decode_extra, self.config.max_len)  # the longest limit
-    ends = cache_block_ends(n, shapes.block)
+    ends = batch_shapes.cache_block_ends(n, shapes.block)
     sharding = getattr(inputs, "sharding", None)  # numpy inputs: one device
     shards = inputs.shape[0] // sharding.shard_shape(inputs.shape)[0] if sharding else 1
     out = np.full((inputs.shape[0], n), PAD_ID, np.int32)

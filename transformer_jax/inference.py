@@ -276,8 +276,9 @@ def translate_sources(
   for index, inputs in translation_batches(
       sources, bucket_lengths, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
   ):
+    inputs_global = _to_global(batch_sharding, inputs)
     tokens, steps = predictor.search(
-        params, _to_global(batch_sharding, inputs), alpha, beam_size, totals, len(sources)
+        params, inputs_global, alpha, beam_size, stats=totals, sentences=len(sources)
     )
     for row, i in enumerate(index):
       if i >= 0:
