@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The README's accelerator rows, one run each, in one go (so a short GPU reservation measures
-# them all). Usage:
+# The accelerator rows of docs/benchmarks.md, one run each, in one go (so a short GPU
+# reservation measures them all). Usage:
 #
 #   CORPUS=DIR RUN=WORKDIR ROWS="..." bash benchmarks/accelerator.sh [OUTDIR]
 #

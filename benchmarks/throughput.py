@@ -7,7 +7,7 @@ not listed there, e.g. a CPU), the figure MFU is usually quoted against, and `mf
 matmul peak measured on the same devices in the same run and dtype (square `--peak_n` matmuls,
 `--peak_chain` of them dispatched back to back per measurement, median), the timed steps and peak
 measurements interleaved so both see the same load. Model configs apply `config.xla_flags` as
-training does. All accelerator rows of the README: `bash benchmarks/accelerator.sh OUTDIR`.
+training does. All accelerator rows of docs/benchmarks.md: `bash benchmarks/accelerator.sh OUTDIR`.
 
   python benchmarks/throughput.py --config configs/quickstart.py \\
       --config.model.num_layers=3 --config.model.d_model=256 --config.model.num_heads=4 \\

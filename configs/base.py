@@ -4,10 +4,8 @@ Reproduces: 6 layers, d_model 512, 8 heads, d_ff 2048, P_drop 0.1, ε_ls 0.1, a 
 SentencePiece vocabulary (the paper used BPE), batches of ~25k source + ~25k target tokens, 100k
 steps with warmup 4000 (§5), the average of the last 5 checkpoints, beam 4, α 0.6 (§6.1).
 
-Expected: 27.3 BLEU on newstest2014 (the paper's, after 12 hours on 8 P100 GPUs). Status: a
-target, not yet run on WMT here. Only its train step was measured: on one H200 (2026-11-26), 54.5
-ms for a batch of 97 packed rows of 256 from a WMT14-sized corpus, MFU 0.19 of the nominal 989
-TFLOP/s, so the 100k steps would take ~1.5 hours of train steps on one H200 (README, Benchmarks).
+Expected: 27.3 BLEU on newstest2014 (the paper's). Hardware and time: the paper's 12 hours on 8
+P100 GPUs; not yet run on WMT here (train-step speed: docs/benchmarks.md). No variants.
 
 Data: TFDS `wmt14_translate/de-en`, read as EN→DE (`pip install -e '.[tfds]'`).
 

@@ -2,13 +2,11 @@
 
 Reproduces: 6 layers, d_model 1024, 16 heads, d_ff 4096, P_drop 0.3, ε_ls 0.1, 300k steps (§5.2,
 Table 3), the average of the last 20 checkpoints, beam 4, α 0.6 (§6.1); the rest as base.py.
-`configs/big.py:enfr` is EN→FR (P_drop 0.1).
 
-Expected: 28.4 BLEU on newstest2014 EN→DE, 41.8 EN→FR (the paper's, after 3.5 days on 8 P100
-GPUs). Status: a target, not yet run on WMT here. Only its train step was measured: on one H200
-(2026-11-26), 113.2 ms for a batch of 97 packed rows of 256 from a WMT14-sized corpus, MFU 0.30 of
-the nominal 989 TFLOP/s (0.38 at 256 × 128 on an H100), so the 300k steps would take ~9.4 hours of
-train steps on one H200 (README, Benchmarks).
+Expected: 28.4 BLEU on newstest2014 EN→DE, 41.8 EN→FR (the paper's). Hardware and time: the
+paper's 3.5 days on 8 P100 GPUs; not yet run on WMT here (train-step speed: docs/benchmarks.md).
+
+Variants: `configs/big.py:enfr` is EN→FR (WMT 2014 fr-en, P_drop 0.1).
 
   python train.py --config configs/big.py --workdir gs://BUCKET/big
   python train.py --config configs/big.py:enfr --workdir gs://BUCKET/big_enfr

@@ -3,15 +3,12 @@
 Reproduces: no row of the paper; its recipe (§5; §6.1's average of the last 5 checkpoints and
 beam 4 with α chosen on the development set) scaled down to 29k caption pairs: 3 layers, d_model
 256, 8 heads, d_ff 512, dropout 0.1 and 0.1 on the attention weights (not in the paper), an 8k
-joint SentencePiece BPE, ~2k-token batches, 58 minutes of training (`train.max_train_minutes`).
+joint SentencePiece BPE, ~2k-token batches.
 
-Expected: test2016 sacreBLEU >= 38 with beam 4, α 1.2. Measured (2026-11-25; 2 vCPUs of a Xeon
-VM; 4,300 steps in the 58 minutes, then a 1-minute final evaluation): 39.04 (tokenized 39.10).
-A slower machine fits fewer steps and may fall short of 38. How the recipe and α were chosen:
-docs/experiments.md.
-
-Data: ../shared/data/multi30k (train/valid/test.{en,de}, raw) or --config.data.path=DIR.
-Multi30k (Elliott et al., 2016, doi:10.18653/v1/W16-3210): non-commercial research and education.
+Expected: test2016 sacreBLEU >= 38 with beam 4, α 1.2 (a slower machine fits fewer steps in the
+hour and may fall short). Hardware and time: 2 CPU cores, 58 minutes of training
+(`train.max_train_minutes`) and ~1 minute of final evaluation. No variants. Data:
+../shared/data/multi30k or --config.data.path=DIR (Multi30k: non-commercial research only).
 
   python train.py --config configs/multi30k.py --workdir /tmp/multi30k
   python -m transformer_jax.tune_decoding --workdir /tmp/multi30k --alphas 1.0,1.2,1.5

@@ -1,25 +1,17 @@
 """§6.3 English constituency parsing, WSJ only: Table 4's "Transformer (4 layers), WSJ only" row.
 
 Reproduces: a 4-layer Transformer with d_model 1024, every other setting as the base model (§6.3),
-trained on the Wall Street Journal part of the Penn Treebank, sections 02-21 (~40k sentences),
-section 22 for development and 23 for test; a 16K-token vocabulary (here: whole tokens, the tree
-tokens and the most frequent training words, data/ptb.py); search with beam 21, α 0.3 and output
-length up to input + 300. Trees are linearized top-down with real part-of-speech tags and labeled
-closing brackets (data/trees.py): Vinyals et al. (2015)'s form, whose tags are placeholders, with
-the tags kept, so the output trees carry predicted tags (EVALB deletes punctuation by tag). The
-paper does not give dropout or the learning rate ("chosen on section 22"): dropout 0.2 on
-sub-layer outputs and attention weights and a 16k-step warm-up are tensor2tensor's
-`transformer_parsing_base` (the paper's code), still to be checked on section 22 here.
+on the Penn Treebank's WSJ sections 02-21 (22 for development, 23 for test); a 16K-token
+vocabulary of whole tokens; beam 21, α 0.3, output length up to input + 300; trees top-down with
+predicted tags. Dropout 0.2 and a 16k-step warm-up (the paper gives neither) are tensor2tensor's
+`transformer_parsing_base`, still to be checked on section 22 (docs/parsing.md).
 
-Expected: 91.3 F1 on section 23 (EVALB, COLLINS.prm; the paper's, WSJ only). Status: a target,
-not yet run here (the treebank is not free); its data path is tested on a small directory laid
-out like the LDC release (tests/test_ptb.py).
+Expected: 91.3 F1 on section 23 (EVALB, COLLINS.prm; the paper's). Hardware and time: not given
+by the paper; not yet run here (the treebank is not free). No variants. Data: Penn Treebank 3
+(LDC99T42), `parsed/mrg/wsj/NN/wsj_NNNN.mrg`; pass its `wsj` directory.
 
-Data: Penn Treebank 3 (LDC99T42), `parsed/mrg/wsj/NN/wsj_NNNN.mrg`; pass its `wsj` directory.
-
-  python train.py --config configs/parsing_wsj.py --config.data.path=PTB3/parsed/mrg/wsj \
+  python train.py --config configs/parsing_wsj.py --config.data.path=PTB3/parsed/mrg/wsj \\
       --workdir DIR
-  python -m transformer_jax.tune_decoding --workdir DIR --beam_sizes 4,21 --alphas 0.3,0.6,1.0
 """
 
 from transformer_jax.config import default_config

@@ -1,16 +1,13 @@
 """Table 3 of the paper (§6.2): every variation of the base model, one config per row.
 
 Reproduces: each row is `configs/base.py` (WMT 2014 EN→DE, 100k steps) with the row's changes,
-scored as §6.2 did on the development set, newstest2013, with beam 4, α 0.6 and no checkpoint
-averaging (`results.json`: `eval_perplexity` per wordpiece, and `test_bleu` on newstest2013).
-Rows (the argument after the colon): base; A1-A4 heads h = 1, 4, 16, 32 (d_k = d_v = d_model/h);
-B1-B2 d_k 16, 32; C1-C3 N = 2, 4, 8; C4-C5 d_model 256, 1024; C6-C7 d_ff 1024, 4096; D1-D2
-P_drop 0.0, 0.2; D3-D4 ε_ls 0.0, 0.2; E learned positions; big.
+scored as §6.2 did on newstest2013 with beam 4, α 0.6 and no checkpoint averaging. Variants (the
+row, after the colon): base; A1-A4 heads h = 1, 4, 16, 32 (d_k = d_v = d_model/h); B1-B2 d_k 16,
+32; C1-C3 N = 2, 4, 8; C4-C5 d_model 256, 1024; C6-C7 d_ff 1024, 4096; D1-D2 P_drop 0.0, 0.2;
+D3-D4 ε_ls 0.0, 0.2; E learned positions; big.
 
-Expected: the paper's dev PPL, BLEU and parameter count, kept in `PAPER` below (BLEU here is
-sacreBLEU, not the paper's tokenized BLEU: compare rows with each other first). Hardware and
-time: as base.py (12 hours on 8 P100s per row in the paper; big 3.5 days). Status: targets, not
-yet run on WMT here; the sweep runner is tested on tiny synthetic rows only.
+Expected: the paper's dev PPL, BLEU and parameters, in `PAPER` below (BLEU here is sacreBLEU:
+compare rows with each other). Hardware and time: as base.py per row, big as big.py; not yet run.
 
   python train.py --config configs/table3.py:B1 --workdir gs://BUCKET/table3/B1
   python -m transformer_jax.sweep --config configs/table3.py --rows A1,A2,A3,A4 \\

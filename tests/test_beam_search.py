@@ -443,6 +443,7 @@ def blocks_by_hand(search, params, inputs, n, block, alpha):
   return state
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_blocks_of_cache_length_change_nothing():
   # Decoding in blocks of cache length (here 3: caches of 3, 6 then 8 positions, grown between
   # while loops) gives the same hypotheses and scores as one cache of the whole length.
@@ -643,6 +644,7 @@ def test_top_extensions_is_exact_with_zeros_and_nans():
     assert_flat_top_k(top_k.top_extensions(jnp.asarray(case), 8), case, 8)
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_finished_sentences_leave_the_batch_and_keep_their_translations():
   # A Predictor that halves its batch as soon as half of it is done (blocks of 4 cache
   # positions, down to 1 row) returns exactly the whole-batch search's translations, and it

@@ -137,6 +137,7 @@ def assert_scores_equal(
   assert worst < tolerance, f"largest log-probability difference {worst:.3g}"
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_random_model_scores_and_greedy_translations_equal_the_projects(
     variant, vocab_file, tmp_path
@@ -216,9 +217,10 @@ def test_quantized_exports_hold_rounded_weights(quantization, vocab_file, tmp_pa
   assert_scores_equal(translator, model_config, rounded, sources, targets)
 
 
-def test_readme_example_translates_with_a_sentencepiece_export(tmp_path):
+def test_docs_page_example_translates_with_a_sentencepiece_export(tmp_path):
   """A SentencePiece vocabulary (Multi30k's and WMT's kind) exports with its model file, scores
-  as the model on its pieces, and the README's example translates with it as it is written."""
+  as the model on its pieces, and the example of docs/export.md translates with it as it is
+  written."""
   from transformer_jax.data import synthetic
   from transformer_jax.data.tokenizer import train_sentencepiece
 
@@ -237,12 +239,12 @@ def test_readme_example_translates_with_a_sentencepiece_export(tmp_path):
   vocab = export.vocabulary_tokens(vocab_path)
   assert_scores_equal(translator, model_config, params, sources, targets, vocab)
 
-  readme = (REPO / "README.md").read_text()
-  example = readme[readme.index("## Export and serve") :].split("```python\n", 1)[1]
+  page = (REPO / "docs" / "export.md").read_text()
+  example = page[page.index("## Export and serve") :].split("```python\n", 1)[1]
   example = example.split("```", 1)[0].replace('"OUT', f'"{output}')
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
-    exec(example, {})  # noqa: S102 - the README's own code
+    exec(example, {})  # noqa: S102 - the docs page's own code
   translations = ast.literal_eval(printed.getvalue())
   assert len(translations) == 1 and isinstance(translations[0], str)
 

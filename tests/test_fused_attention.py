@@ -85,6 +85,7 @@ def example(packed: bool):
   return inputs, decoder_inputs, kwargs
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_model_logits_and_gradients_agree_across_implementations():
   # Packed rows with trailing padding: every piece of the mask goes through the fused call (key
   # lengths, is_causal, and the segment mask as a dense mask). Unpacked: see the tests above.

@@ -10,6 +10,7 @@ from transformer_jax.data import batching, pipeline
 from transformer_jax.model import Transformer
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 @pytest.mark.parametrize("source_len", [0, 16])  # 16: source rows shorter than target rows
 def test_packed_batch_has_the_loss_of_its_pairs_unpacked(source_len):
   config = tiny_train_config()

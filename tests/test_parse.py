@@ -82,19 +82,24 @@ def test_parse_cli_bad_input_is_one_error_line(tmp_path, data, message):
 
 
 @pytest.mark.subprocess
-def test_parse_cli_refuses_a_translation_run(tmp_path):
-  workdir = _config_only_workdir(tmp_path, source="text")
+@pytest.mark.parametrize(
+    "command, source, wrong", [("parse", "text", "parsing"), ("translate", "ptb", "translation")]
+)
+def test_a_command_refuses_another_tasks_run_in_one_line(tmp_path, command, source, wrong):
+  """parse given a translation run, translate given a parsing run: one line naming the other."""
+  workdir = _config_only_workdir(tmp_path, source=source)
   proc = subprocess.run(
-      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)],
+      [sys.executable, "-m", f"transformer_jax.{command}", "--workdir", str(workdir)],
       input=b"a b\n",
       capture_output=True,
       cwd=REPO,
       timeout=300,
   )
-  assert proc.returncode == 1
-  assert (
-      proc.stderr.decode().startswith("error: --workdir=") and b"not a parsing run" in proc.stderr
-  )
+  stderr = proc.stderr.decode()
+  right = {"parse": "translate", "translate": "parse"}[command]
+  assert proc.returncode == 1 and proc.stdout == b"" and stderr.count("\n") == 1, stderr
+  assert stderr.startswith(f"error: --workdir={workdir} is a ") and f"not a {wrong} run" in stderr
+  assert stderr.rstrip().endswith(f"use python -m transformer_jax.{right} for it"), stderr
 
 
 @pytest.mark.slow

@@ -80,6 +80,7 @@ def test_remat_keeps_loss_and_gradients(params):
   assert_close(grads_remat, grads)
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_scan_keeps_loss_and_gradients(params):
   # Deterministic: a scanned stack draws its dropout keys per layer differently.
   config = CONFIG.replace(deterministic=True)

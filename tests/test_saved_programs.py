@@ -1,12 +1,17 @@
 """saved_programs: a search run through exported programs translates exactly as the jitted one,
-a later Predictor reads them back and traces nothing of the model or the search, and anything
-that changes a program's text gives it another file."""
+a later Predictor reads them back and traces nothing of the model or the search, anything that
+changes a program's text gives it another file, and a damaged file or a cache that cannot be
+written costs a call its tracing, never its output."""
 
+import builtins
+import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 from test_beam_search import CONFIG, EXTRA, tiny_model
@@ -50,23 +55,133 @@ def test_exported_programs_translate_the_same_and_a_later_run_traces_nothing(exp
   assert len(_files(cache / saved_programs.SUBDIR)) == programs
 
 
+def _flip_middle(data: bytes, start: int = 0, end: int | None = None, size: int = 32) -> bytes:
+  """`data` with `size` bytes in the middle of data[start:end] inverted: a disk error, an
+  interrupted copy, two writers; the length is unchanged."""
+  end = len(data) if end is None else end
+  at = (start + end - size) // 2
+  return data[:at] + bytes(b ^ 0xFF for b in data[at : at + size]) + data[at + size :]
+
+
+def _payload(data: bytes) -> bytes:
+  payload, problem = saved_programs.unpack(data)
+  assert problem is None
+  return payload
+
+
+def _damaged_stablehlo(data: bytes) -> bytes:
+  """A well-formed file (its digest matches) whose exported program jax.export deserializes,
+  but whose StableHLO bytes are overwritten in the middle: it fails only when first called."""
+  payload = _payload(data)
+  module = jax.export.deserialize(bytearray(payload)).mlir_module_serialized
+  at = payload.index(module)
+  return saved_programs.pack(_flip_middle(payload, at, at + len(module), len(module) // 4))
+
+
+DAMAGES = {  # how a kept file goes wrong -> (the damage, what the warning says)
+    "bytes flipped": (_flip_middle, "do not match their sha256"),
+    "truncated": (lambda data: data[: len(data) // 2], "do not match their sha256"),
+    "truncated in its header": (lambda data: data[:16], "truncated header"),
+    "the format before the digest": (_payload, "not a file of this format"),
+    "another format version": (
+        lambda data: data.replace(b"saved program v2", b"saved program v9", 1),
+        "not a file of this format",
+    ),
+    "payload not jax.export's": (
+        lambda data: saved_programs.pack(_flip_middle(_payload(data))[:64]),
+        "jax.export cannot deserialize it",
+    ),
+    "StableHLO damaged": (_damaged_stablehlo, "its program failed when first called"),
+}
+
+
 @pytest.mark.parametrize("exported", [4], indirect=True)  # one search: this is about the files
-def test_an_unreadable_file_is_exported_again(exported, tmp_path, caplog):
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_file_is_set_aside_and_exported_again(exported, damage, tmp_path, caplog):
   beam_size, expected, cache, programs = exported
   params, inputs = tiny_model()
   directory = tmp_path / saved_programs.SUBDIR
   shutil.copytree(cache / saved_programs.SUBDIR, directory)
   names = _files(directory)
-  for name in names:  # a write cut short, or a file from another serialization version
-    with open(directory / name, "r+b") as f:
-      f.truncate(16)
+  spoil, problem = DAMAGES[damage]
+  for name in names:
+    (directory / name).write_bytes(spoil((directory / name).read_bytes()))
   later = _predictor(beam_size)
   saved = saved_programs.attach(later, str(tmp_path))
   with caplog.at_level(logging.WARNING):
     np.testing.assert_array_equal(later.search(params, inputs)[0], expected)
   assert saved.loaded == 0 and saved.exported == len(names) == programs
-  assert sum("unreadable" in r.getMessage() for r in caplog.records) == len(names)
-  assert _files(directory) == names and all(os.path.getsize(directory / n) > 16 for n in names)
+  warnings = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+  assert len(warnings) == len(names) and all(problem in w for w in warnings), warnings
+  assert all(len(w.splitlines()) == 1 for w in warnings)
+  for name in names:  # each named by its warning, set aside, and written again whole
+    assert sum(str(directory / name) in w for w in warnings) == 1
+    assert (directory / (name + saved_programs.SET_ASIDE)).exists()
+    assert saved_programs.unpack((directory / name).read_bytes())[1] is None
+  again = _predictor(beam_size)  # the cache is whole again: everything is read back
+  saved = saved_programs.attach(again, str(tmp_path))
+  np.testing.assert_array_equal(again.search(params, inputs)[0], expected)
+  assert saved.loaded == programs and saved.exported == 0
+
+
+@contextlib.contextmanager
+def _read_only(directory, monkeypatch):
+  """`directory` made read-only. Root ignores permission bits (CI runs as root), so for root
+  the two ways this module writes there, opening a file to write and renaming, are refused as
+  the operating system refuses them for a user."""
+  os.chmod(directory, 0o555)
+  try:
+    if os.access(directory, os.W_OK):  # root
+      inside = lambda path: os.path.dirname(os.path.abspath(path)) == str(directory)  # noqa: E731
+      refused = lambda path: PermissionError(errno.EACCES, "Permission denied", str(path))  # noqa: E731
+      real_open, real_replace = builtins.open, os.replace
+
+      def open_(file, mode="r", *args, **kwargs):
+        if inside(file) and any(c in mode for c in "wax+"):
+          raise refused(file)
+        return real_open(file, mode, *args, **kwargs)
+
+      def replace(src, dst, *args, **kwargs):
+        if inside(src) or inside(dst):
+          raise refused(src)
+        return real_replace(src, dst, *args, **kwargs)
+
+      monkeypatch.setattr(builtins, "open", open_)
+      monkeypatch.setattr(os, "replace", replace)
+    yield
+  finally:
+    monkeypatch.undo()
+    os.chmod(directory, 0o755)
+
+
+@pytest.mark.parametrize("exported", [4], indirect=True)
+def test_a_read_only_cache_is_read_and_its_damaged_files_cost_only_their_tracing(
+    exported, tmp_path, monkeypatch, caplog
+):
+  beam_size, expected, cache, programs = exported
+  params, inputs = tiny_model()
+  directory = tmp_path / saved_programs.SUBDIR
+  shutil.copytree(cache / saved_programs.SUBDIR, directory)
+  names = _files(directory)
+  with _read_only(directory, monkeypatch):  # whole files: all read back
+    predictor = _predictor(beam_size)
+    saved = saved_programs.attach(predictor, str(tmp_path))
+    np.testing.assert_array_equal(predictor.search(params, inputs)[0], expected)
+    assert saved.loaded == programs and saved.exported == 0
+  damaged = names[0]
+  (directory / damaged).write_bytes(_flip_middle((directory / damaged).read_bytes()))
+  before = {n: (directory / n).read_bytes() for n in names}
+  with _read_only(directory, monkeypatch), caplog.at_level(logging.WARNING):
+    predictor = _predictor(beam_size)
+    saved = saved_programs.attach(predictor, str(tmp_path))
+    np.testing.assert_array_equal(predictor.search(params, inputs)[0], expected)
+  assert saved.loaded == programs - 1 and saved.exported == 0
+  messages = [r.getMessage() for r in caplog.records]
+  assert (
+      sum(f"{directory / damaged} unreadable" in m and "left in place" in m for m in messages) == 1
+  )
+  assert sum("could not keep" in m for m in messages) == 1
+  assert {n: (directory / n).read_bytes() for n in _files(directory)} == before  # nothing written
 
 
 @pytest.mark.parametrize("exported", [4], indirect=True)

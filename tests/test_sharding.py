@@ -113,6 +113,7 @@ def named_leaves(params):
   }
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharded_training_equals_one_device(case, reference):
   mesh, rules, expected_shards = CASES[case]

@@ -25,6 +25,7 @@ def _num_params(model_config) -> int:
   return sum(x.size for x in jax.tree.leaves(shapes["params"]))
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 @pytest.mark.parametrize("row", list(table3.PAPER))
 def test_table3_row_changes_only_its_own_values_and_has_the_papers_size(row):
   changes, _, _, paper_params = table3.PAPER[row]

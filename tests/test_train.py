@@ -72,6 +72,7 @@ def test_tiny_model_overfits_one_batch():
   assert last["accuracy"] == 1.0
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_step_on_8_devices_equals_single_device():
   # Dropout on: the masks must not depend on the sharding either. A large Adam ε makes the
   # update proportional to the gradient (instead of ~lr·sign(g)), so comparing weights compares
@@ -94,6 +95,7 @@ def test_step_on_8_devices_equals_single_device():
   assert len(s8.params["shared_embedding"]["embedding"].sharding.device_set) == 8
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_gradient_accumulation_equals_one_large_batch():
   # No dropout: accumulation draws dropout per micro-batch. Large ε: see the test above.
   config = tiny_config(adam_eps=1.0, lr_multiplier=100.0)
@@ -155,6 +157,7 @@ def _assert_same_final_state(workdir_a, workdir_b):
   params_close(state_a.opt_state, state_b.opt_state, rtol=0, atol=0)
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch):
   config = tiny_config(num_steps=6, checkpoint_every=2, log_every=1)
   run = functools.partial(train.run, config, devices=jax.devices()[:1])

@@ -110,6 +110,7 @@ def _legal_fn(constraint):
   return jax.jit(constraint.legal)
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 @pytest.mark.parametrize("order", trees.ORDERS)
 @pytest.mark.parametrize("closing", ["labeled", "bare"])
 @pytest.mark.parametrize("words", [False, True], ids=["tags", "words"])
@@ -251,8 +252,9 @@ def test_a_prefix_with_no_legal_token_gets_minus_infinity_not_nan():
   assert np.all(out == -np.inf)
 
 
-def test_the_config_switch_is_off_by_default_and_for_parsing_runs_only():
+def test_the_config_switch_is_off_by_default_and_for_parsing_runs_only(tmp_path):
   config = multi30k.get_config()
+  config.data.path = str(tmp_path)  # a corpus directory that exists without ../shared beside
   assert config.eval.tree_constraints is False
   assert tree_constraint.from_config(config, None) is None
   config.eval.tree_constraints = True
@@ -275,6 +277,7 @@ def test_a_vocabulary_without_a_closing_token_is_an_error():
     TreeConstraint.for_vocabulary(list(RESERVED_TOKENS) + ["(NP", "(NN)", ")VP"], "labeled", False)
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 @pytest.mark.parametrize(
     "words, beam_size, order",
     [(False, 1, "top_down"), (True, 3, "top_down"), (True, 3, "in_order")],

@@ -61,6 +61,7 @@ def test_linearization_with_words_and_back():
   assert form.restore(marked, tree.words()) == trees.Restored(tree, 0)
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 @pytest.mark.parametrize("order", trees.ORDERS)
 @pytest.mark.parametrize("closing, words", [(c, w) for c in trees.CLOSINGS for w in (False, True)])
 def test_every_sample_tree_round_trips_exactly(shared_data, closing, words, order):

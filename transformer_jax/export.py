@@ -23,7 +23,7 @@ gives back words. The source needs no EOS (the config adds it, as the project's 
 the target starts from `<s>`, the project's BOS. The project's search never emits PAD or BOS and
 may end at once (decode.py), hence `suppress_sequences` and `min_decoding_length=0`; greedy
 translations are then the project's, token for token. Beam search ranks by a different length
-penalty (README, "Export and serve").
+penalty (docs/export.md).
 
 The parameters are restored as `inference.load_run` restores them (parameters only, the same
 `--checkpoint` choices as translate) and written into a `ctranslate2.specs.TransformerSpec`, one

@@ -31,7 +31,7 @@ import sys
 
 from absl import flags
 
-from transformer_jax import cli, errors
+from transformer_jax import cli, errors, tasks
 
 
 def _define_flags():
@@ -90,14 +90,10 @@ def parse_sentences(run, sentences: list[list[str]], beam_size=None, alpha=None)
 
 def main(argv):
   args = cli.workdir_args(argv)
+  tasks.check_command(args.workdir, "parse")  # a translation run: one line naming translate
   from transformer_jax import compilation, inference, saved_programs  # heavy (JAX): not for --help
 
   config = inference.load_config(args.workdir, args.beam_size, args.alpha, args.tree_constraints)
-  if config.data.source != "ptb":
-    raise errors.UserError(
-        f"--workdir={args.workdir} is a run of data.source={config.data.source!r}, not a parsing "
-        "run (data.source='ptb'); use python -m transformer_jax.translate for it"
-    )
   if args.input:
     try:
       with open(args.input, "rb") as f:

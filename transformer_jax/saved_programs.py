@@ -1,9 +1,9 @@
 """A search's programs kept as exported StableHLO (`jax.export`), so a later process skips tracing.
 
-A warm `translate` (every program already in JAX's persistent compilation cache) spends a third
-of its time tracing and lowering the search's ~30 programs again: JAX's cache keys a program by
-its lowered text, so a process must first trace the Flax model and the search to find it
-(~0.2 s a block, ~0.6 s a start, on the 2-vCPU VM). With `SavedPrograms`, the first process
+A warm `translate` (every program already in JAX's persistent compilation cache) would still
+trace and lower the search's programs again: JAX's cache keys a program by its lowered text, so
+a process must first trace the Flax model and the search to find it (what that costs:
+docs/experiments.md). With `SavedPrograms`, the first process
 exports each program it runs (`jax.export.export`: the StableHLO of exactly what it traced),
 writes it to a file beside that cache and runs the exported program; a later process reads the
 file and runs the same exported program, whose compiled code the cache already holds: nothing
@@ -13,8 +13,16 @@ A file is named by a digest of everything its text depends on: the program's nam
 arguments and its arguments' tree, shapes, dtypes and shardings; the caller's `identity` (the
 model config, the output limit, a constraint's tables: `predictor_identity`); the
 source of this package; the versions of jax, jaxlib, flax, numpy and ml_dtypes; the platform and
-devices. A change to any of them gives another name, so a stale program is never run. A file
-that cannot be read back (truncated, from another serialization version) is written again.
+devices. A change to any of them gives another name, so a stale program is never run.
+
+Each file is a header line (`FORMAT`: this module's format and the sha256 of the payload) and
+the payload, `jax.export`'s serialization; it is written whole (a temporary file renamed into
+place), so two processes sharing a cache never read half a file. A file is checked before it
+is used: one whose header or digest does not match (bytes overwritten, truncated, written by
+another format version), that `jax.export` cannot deserialize, or whose program fails when first
+called is set aside as `NAME.unreadable` with a one-line warning naming it, then traced,
+exported and written again; the call's outputs are those of a clean cache. A directory that
+cannot be written (read-only, full) costs a later call its tracing, nothing else.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from transformer_jax import decode, files
 
 SUBDIR = "transformer_jax_programs"  # inside the compilation cache directory
 SUFFIX = ".jaxexport"
+SET_ASIDE = ".unreadable"  # a file that failed its check is renamed NAME + SET_ASIDE
+FORMAT = b"transformer_jax saved program v2 sha256="  # header: FORMAT, 64 hex digits, newline
 PACKAGES = ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")
 
 # The search's NamedTuples cross the exported programs' boundary: their trees must serialize.
@@ -85,35 +95,68 @@ class SavedPrograms:
 
   def _call(self, name: str, fn: Callable, static: dict, *args):
     key = f"{name} {sorted(static.items())} {arguments_key(args)}"
-    if key not in self._programs:  # the file's digest only for a program not yet run here
-      digest = hashlib.sha256((self.prefix + key).encode()).hexdigest()
-      exported = self._load(digest) or self._export(digest, functools.partial(fn, **static), args)
-      self._programs[key] = jax.jit(exported.call)
-    return self._programs[key](*args)
+    program = self._programs.get(key)
+    if program is not None:
+      return program(*args)
+    # The file's digest only for a program not yet run here.
+    digest = hashlib.sha256((self.prefix + key).encode()).hexdigest()
+    traced = functools.partial(fn, **static)
+    exported = self._load(digest)
+    if exported is not None:
+      program = jax.jit(exported.call)
+      try:  # a file that passed its checks can still hold a program XLA cannot read or run
+        outputs = jax.block_until_ready(program(*args))  # its errors here, not later
+      except Exception as e:  # noqa: BLE001 - any failure of a loaded program: exported again
+        self.loaded -= 1
+        self._set_aside(digest, f"its program failed when first called: {_first_line(e)}")
+      else:
+        self._programs[key] = program
+        return outputs
+    program = jax.jit(self._export(digest, traced, args).call)
+    self._programs[key] = program
+    return program(*args)
 
   def _path(self, digest: str) -> str:
     return os.path.join(self.directory, digest + SUFFIX)
 
   def _load(self, digest: str) -> jax.export.Exported | None:
+    """The exported program kept under `digest`, or None: no file, or one that failed its
+    checks (then set aside)."""
     try:
       with open(self._path(digest), "rb") as f:
         data = f.read()
     except FileNotFoundError:
       return None
     except OSError as e:  # unreadable: exported again, and written if the directory allows
-      logging.warning("saved program %s unreadable (%s): exporting it again", self._path(digest), e)
+      self._set_aside(digest, f"it cannot be read ({e.strerror})")
+      return None
+    payload, problem = unpack(data)
+    if problem:
+      self._set_aside(digest, problem)
       return None
     try:
-      exported = jax.export.deserialize(bytearray(data))
-    except Exception as e:  # noqa: BLE001 - any unreadable file is written again
-      logging.warning("saved program %s unreadable (%s): exporting it again", self._path(digest), e)
+      exported = jax.export.deserialize(bytearray(payload))
+    except Exception as e:  # noqa: BLE001 - jax.export raises many kinds on a bad file
+      self._set_aside(digest, f"jax.export cannot deserialize it: {_first_line(e)}")
       return None
     self.loaded += 1
     return exported
 
+  def _set_aside(self, digest: str, problem: str) -> None:
+    """Moves a damaged file out of the way (when the directory allows) with one warning line."""
+    path = self._path(digest)
+    try:
+      os.replace(path, path + SET_ASIDE)
+      where = f"set aside as {os.path.basename(path)}{SET_ASIDE}"
+    except OSError as e:
+      where = f"left in place ({e.strerror})"
+    logging.warning(
+        "saved program %s unreadable (%s): %s, exporting it again", path, problem, where
+    )
+
   def _export(self, digest: str, fn: Callable, args: tuple) -> jax.export.Exported:
     exported = jax.export.export(jax.jit(fn))(*args)
-    data = exported.serialize()
+    data = pack(exported.serialize())
 
     def write(tmp: str):
       with open(tmp, "wb") as f:
@@ -127,6 +170,34 @@ class SavedPrograms:
       return exported
     self.exported += 1
     return exported
+
+
+def pack(payload: bytes) -> bytes:
+  """A saved program's file: the header (FORMAT, the payload's sha256 in hex, a newline), then
+  the payload."""
+  return FORMAT + hashlib.sha256(payload).hexdigest().encode() + b"\n" + bytes(payload)
+
+
+def unpack(data: bytes) -> tuple[bytes, str | None]:
+  """(payload, None) for a file that `pack` wrote and nothing changed since; else (b"", what is
+  wrong with it)."""
+  header_end = len(FORMAT) + 64
+  if len(data) <= header_end and FORMAT.startswith(data[: len(FORMAT)]):
+    return b"", "truncated header"
+  if not data.startswith(FORMAT) or data[header_end : header_end + 1] != b"\n":
+    return b"", "not a file of this format (another version, or a damaged header)"
+  expected, payload = (
+      data[len(FORMAT) : header_end].decode("ascii", "replace"),
+      data[header_end + 1 :],
+  )
+  if hashlib.sha256(payload).hexdigest() != expected:
+    return b"", "its bytes do not match their sha256 (overwritten or truncated)"
+  return payload, None
+
+
+def _first_line(error: BaseException) -> str:
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]
 
 
 def predictor_identity(predictor: decode.Predictor) -> str | None:

@@ -20,11 +20,13 @@ are kept exported (saved_programs.py: jax.export's StableHLO), so that a later c
 trace the model again either. `--compilation_cache=` (empty) turns both off.
 
 A first call on a new machine is mostly compilation: one program per batch shape
-(batch_shapes.py). `--shapes few` compiles ~5x fewer (beam 4 on 1,000 Multi30k sentences: 7
-against 34) and returns ~2x sooner, decoding at ~0.8 of the speed of `fast` once compiled;
-`auto`, the default unless the run's eval.shapes says otherwise, takes `few` for a chunk of fewer
-than 2,000 sentences and `fast` from the first larger one on. The translations are the same (on a
-GPU all but a few near-ties: 995 of 1,000 on an H200).
+(batch_shapes.py). `--shapes few` compiles several times fewer programs than `fast`, decoding
+somewhat slower once compiled; `auto`, the default unless the run's eval.shapes says otherwise,
+takes `few` for a chunk of fewer than 2,000 sentences and `fast` from the first larger one on.
+The translations are the same (on a GPU all but a few near-ties). Measurements:
+docs/benchmarks.md.
+
+A parsing run is refused in one line naming `parse` (tasks.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from collections.abc import Iterable, Iterator
 
 from absl import flags
 
-from transformer_jax import cli, errors
+from transformer_jax import cli, errors, tasks
 
 
 def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
@@ -113,6 +115,7 @@ def _define_flags():
 def main(argv):
   start = time.perf_counter()
   args = cli.workdir_args(argv)
+  tasks.check_command(args.workdir, "translate")  # a parsing run: one line naming parse
   if args.chunk_lines < 1:
     raise errors.UserError(f"--chunk_lines={args.chunk_lines}: must be >= 1")
   if args.batch_tokens is not None and args.batch_tokens < 1:

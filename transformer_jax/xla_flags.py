@@ -6,8 +6,8 @@ the benchmarks call it first. A flag already in XLA_FLAGS (set by the user) wins
 config's value for the same flag.
 
 The default, `--xla_gpu_enable_triton_gemm=false`, makes XLA on GPU call cuBLAS for every matmul
-instead of generating some with Triton: on an H100 that made the base and big train steps faster
-(`benchmarks/throughput.py`; figures in docs/experiments.md). `xla_gpu_*` flags are accepted and
+instead of generating some with Triton (why, measured with `benchmarks/throughput.py`:
+docs/experiments.md). `xla_gpu_*` flags are accepted and
 ignored on CPU and TPU.
 """
 

@@ -26,8 +26,8 @@ Why it needs attention and reordering, not just a word-by-word lookup:
 Sources have 5-14 words, targets 5-18. With 40 nouns, 20 adjectives and 20
 verbs there are over 10^15 distinct sentences, so the test set cannot be memorised
 from the training set. Yet it is easy to learn: configs/quickstart.py's
-2-layer, d_model=128 Transformer passes sacreBLEU 90 on the test split within
-its 600 steps of 2k-token batches, minutes on a CPU.
+2-layer, d_model=128 Transformer learns it within its 600 steps of 2k-token
+batches (its expected result: the config's header).
 
 Splits are disjoint by source sentence and drawn from one stream in the order
 test, valid, train, so changing `num_train` never changes the test set.
