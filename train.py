@@ -7,7 +7,7 @@ the same command resumes.
 Multi-host: run the same command on every host with `--config.distributed.enabled=True`
 (Cloud TPU VMs, SLURM and Open MPI detect the rest; elsewhere also pass
 `--config.distributed.coordinator_address=HOST:PORT`, `--config.distributed.num_processes=N` and
-`--config.distributed.process_id=I`); see transformer_jax/distributed.py.
+`--config.distributed.process_id=I`); see transformer_jax/parallel/distributed.py.
 """
 
 import logging
@@ -34,8 +34,8 @@ def main(argv):
   logging.getLogger("absl").addFilter(
       lambda record: record.levelno >= logging.WARNING or "orbax" not in record.pathname
   )
-  from transformer_jax import train  # after flag parsing: keeps --help fast
-  from transformer_jax.preemption import EXIT_STATUS
+  from transformer_jax.training import train  # after flag parsing: keeps --help fast
+  from transformer_jax.training.preemption import EXIT_STATUS
 
   # A wrong config value, workdir or checkpoint is a UserError: cli.run reports it in one line.
   results = train.run(config, _WORKDIR.value)

@@ -46,8 +46,9 @@ def main(argv):
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
-  from transformer_jax import batch_shapes, decode, inference  # noqa: PLC0415
-  from transformer_jax.model import Transformer  # noqa: PLC0415
+  from transformer_jax.decoding import batch_shapes, decode  # noqa: PLC0415
+  from transformer_jax.model.transformer import Transformer  # noqa: PLC0415
+  from transformer_jax.runs import inference  # noqa: PLC0415
 
   run = inference.load_run(_WORKDIR.value)
   model_config, params = run.model_config, run.params

@@ -40,7 +40,8 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from transformer_jax import batch_shapes, cli
+from transformer_jax import cli
+from transformer_jax.decoding import batch_shapes
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's --workdir.", required=True)
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line (default: test split).")
@@ -95,8 +96,8 @@ def main(argv):
   engines, ct2_device = _check_engines()
   import jax
 
-  from transformer_jax import inference
   from transformer_jax.data import pipeline
+  from transformer_jax.runs import inference
 
   run = inference.load_run(_WORKDIR.value, _CHECKPOINT.value, shapes=_SHAPES.value)
   if _NUM_BUCKETS.value is not None:
@@ -171,19 +172,21 @@ def main(argv):
 def _check_engines() -> tuple[list[str], str | None]:
   """The engines asked for, and CTranslate2's device (None without it): bad values refused here,
   before the run is loaded."""
-  from transformer_jax import export
+  from transformer_jax.serving import ctranslate2_model
 
   engines = _ENGINES.value
   unknown = [e for e in engines if e not in ENGINES]
   if unknown or not engines:
-    raise export.ExportError(f"--engines={','.join(engines)}: expected some of {ENGINES}")
+    raise ctranslate2_model.ExportError(
+        f"--engines={','.join(engines)}: expected some of {ENGINES}"
+    )
   ct2_device = None
   if "ctranslate2" in engines:
     for quantization in _QUANTIZATIONS.value:
-      export.check_quantization(quantization)
-    ct2_device = _ct2_device(export.import_ctranslate2())
+      ctranslate2_model.check_quantization(quantization)
+    ct2_device = _ct2_device(ctranslate2_model.import_ctranslate2())
   if _THREADS.value is not None and _THREADS.value < 1:
-    raise export.ExportError(f"--threads={_THREADS.value}: must be >= 1")
+    raise ctranslate2_model.ExportError(f"--threads={_THREADS.value}: must be >= 1")
   return engines, ct2_device
 
 
@@ -191,14 +194,14 @@ def _ct2_device(ctranslate2) -> str:
   """--ct2_device resolved: with auto, the JAX backend's kind of device (a GPU: cuda)."""
   import jax
 
-  from transformer_jax import export
+  from transformer_jax.serving import ctranslate2_model
 
   device = _CT2_DEVICE.value
   cuda_devices = ctranslate2.get_cuda_device_count()
   if device == "auto":
     device = "cuda" if jax.default_backend() == "gpu" and cuda_devices else "cpu"
   if device == "cuda" and not cuda_devices:
-    raise export.ExportError("--ct2_device=cuda: CTranslate2 sees no CUDA device")
+    raise ctranslate2_model.ExportError("--ct2_device=cuda: CTranslate2 sees no CUDA device")
   return device
 
 
@@ -208,26 +211,29 @@ def _time_ctranslate2(run, sources, modes, batch_tokens, translations, device) -
   identical to the project's (`translations`, where timed)."""
   import ctranslate2
 
-  from transformer_jax import export
+  from transformer_jax.serving import ctranslate2_model
 
   threads = _THREADS.value or len(os.sched_getaffinity(0))
-  vocab_path = export.workdir_vocabulary(_WORKDIR.value)
-  tokens = export.vocabulary_tokens(vocab_path)
+  vocab_path = ctranslate2_model.workdir_vocabulary(_WORKDIR.value)
+  tokens = ctranslate2_model.vocabulary_tokens(vocab_path)
   index = {token: i for i, token in enumerate(tokens)}
-  unk, pad, bos = (export.SPECIAL_TOKENS[name] for name in ("unk", "pad", "bos"))
+  unk, pad, bos = (ctranslate2_model.SPECIAL_TOKENS[name] for name in ("unk", "pad", "bos"))
   source_tokens = [[tokens[i] for i in ids] for ids in sources]
   cfg = run.config
-  # decode.py stops each sentence at its own limit (export.output_limit). CTranslate2 takes one
+  # decode.py stops each sentence at its own limit (ctranslate2_model.output_limit).
+  # CTranslate2 takes one
   # limit per call: it decodes to the longest sentence's limit, and each output is cut at its
   # own, which gives the project's greedy outputs exactly (a beam's may differ).
   extra, max_len = cfg.eval.max_decode_extra, run.model_config.max_len
-  limits = [export.output_limit(len(ids), extra, max_len) for ids in sources]
+  limits = [ctranslate2_model.output_limit(len(ids), extra, max_len) for ids in sources]
   max_length = max(limits)
   out = {"device": device, "threads": threads, "length_penalty": _LENGTH_PENALTY.value}
   with tempfile.TemporaryDirectory() as directory:
     for quantization in _QUANTIZATIONS.value:
       path = os.path.join(directory, quantization)
-      export.export_ctranslate2(run.model_config, run.params, vocab_path, path, quantization)
+      ctranslate2_model.export_ctranslate2(
+          run.model_config, run.params, vocab_path, path, quantization
+      )
       translator = ctranslate2.Translator(
           path, device=device, inter_threads=1, intra_threads=threads
       )

@@ -137,7 +137,7 @@ def compare_packing(config, dataset) -> dict:
     import jax
 
     from transformer_jax import config as config_lib
-    from transformer_jax import train
+    from transformer_jax.training import train
 
     config.unlock()
     config.mesh = {"data": 1, "fsdp": 1, "tensor": 1}

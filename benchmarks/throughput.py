@@ -186,9 +186,10 @@ def main(argv):
   import numpy as np
 
   from transformer_jax import config as config_lib
-  from transformer_jax import train, xla_flags
   from transformer_jax.data import pipeline
   from transformer_jax.data.tokenizer import PAD_ID
+  from transformer_jax.parallel import xla_flags
+  from transformer_jax.training import train
 
   config = cli.config_value(_CONFIG)
   config_lib.validate(config)

@@ -25,7 +25,7 @@ def get_config(arg: str | None = None):
         f"configs/parsing_wsj.py:{arg}: parsing_wsj.py takes no variant; use "
         "configs/parsing_wsj.py"
     )
-  config = default_config()
+  config = default_config("parsing")
   config.model.num_layers = 4
   config.model.d_model = 1024
   config.model.num_heads = 8
@@ -40,7 +40,7 @@ def get_config(arg: str | None = None):
   config.data.train_split = "02-21"
   config.data.eval_split = "22"
   config.data.test_split = "23"
-  config.data.tree_closing = "labeled"
+  config.parsing.tree_closing = "labeled"
   config.data.vocab_size = 16_000  # §6.3: a 16K-token vocabulary for WSJ only
   config.data.max_len = 300  # a linearized tree is ~2.6 times its sentence; few are longer
   config.data.tokens_per_batch = 25_000  # as base (§5.1)

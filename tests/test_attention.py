@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.attention import (
+from transformer_jax.model.attention import (
     MultiHeadAttention,
     causal_mask,
     combine_masks,
@@ -14,7 +14,7 @@ from transformer_jax.attention import (
     padding_mask,
     segment_mask,
 )
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.model.config import TransformerConfig
 
 B, Q, K, H, D = 2, 3, 5, 2, 4  # batch, query length, key length, heads, head dim
 
@@ -154,7 +154,7 @@ def test_recorded_attention_weights_are_the_distributions_the_model_uses():
   from testing import random_params
 
   from transformer_jax.data.tokenizer import PAD_ID
-  from transformer_jax.model import Transformer
+  from transformer_jax.model.transformer import Transformer
   from transformer_jax.plot_attention import attention_weights
 
   config = TransformerConfig(

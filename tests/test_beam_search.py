@@ -12,10 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import batch_shapes, compilation, decode, incremental, kv_cache, top_k
-from transformer_jax.batch_shapes import Shapes
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.model import Transformer, TransformerConfig
+from transformer_jax.decoding import batch_shapes, compilation, decode, top_k
+from transformer_jax.decoding.batch_shapes import Shapes
+from transformer_jax.model import incremental, kv_cache
+from transformer_jax.model.transformer import Transformer, TransformerConfig
 
 A, B = 3, 4  # the two real tokens of the hand-made distributions (vocabulary of 5)
 
@@ -689,6 +690,7 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
     assert stats_whole["row_steps"] == inputs.shape[0] * got_steps
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_a_sentence_translates_the_same_alone_and_in_any_batch():
   # Each sentence's output limit is its own length + extra. A random model rarely emits EOS, so
   # most sentences here run to that limit: a short one batched with long ones must stop at its

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from transformer_jax import config as config_lib
-from transformer_jax import errors, plot, sweep
+from transformer_jax import errors, figures, plot, sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.py") if p.name != "__init__.py")
@@ -72,7 +72,7 @@ def test_a_wrong_variant_is_refused_naming_the_file_and_the_valid_ones(name, var
 def test_a_workdir_that_is_a_file_is_refused_before_anything_is_written(tmp_path):
   from testing import tiny_train_config
 
-  from transformer_jax import train
+  from transformer_jax.training import train
 
   path = tmp_path / "notes.txt"
   path.write_text("mine\n")
@@ -97,8 +97,8 @@ def test_plot_refuses_a_directory_that_is_not_a_run_and_an_empty_log(tmp_path):
 ])  # fmt: skip
 def test_plot_refuses_an_output_it_could_not_write(tmp_path, output, expected):
   with pytest.raises(errors.UserError, match=expected):
-    plot.check_output(output.replace("DIR", str(tmp_path)))
-  plot.check_output(str(tmp_path / "curves.png"))  # and accepts one it can
+    figures.check_output(output.replace("DIR", str(tmp_path)))
+  figures.check_output(str(tmp_path / "curves.png"))  # and accepts one it can
 
 
 def test_sweep_refuses_a_missing_file_and_a_config_that_is_not_a_sweep(tmp_path):
@@ -167,7 +167,7 @@ def test_training_on_a_mesh_larger_than_the_machine_is_refused_before_anything(
 ):
   from testing import tiny_train_config
 
-  from transformer_jax import train
+  from transformer_jax.training import train
 
   config = tiny_train_config()
   config.mesh.update(mesh)
@@ -179,7 +179,7 @@ def test_training_on_a_mesh_larger_than_the_machine_is_refused_before_anything(
 def test_a_token_budget_too_small_for_the_devices_is_refused_before_any_data(tmp_path):
   from testing import tiny_train_config
 
-  from transformer_jax import train
+  from transformer_jax.training import train
 
   config = tiny_train_config()  # 512 tokens, rows of 24: 21 rows, not one per device of 32
   config.data.row_multiple = 32

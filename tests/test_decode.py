@@ -11,9 +11,9 @@ import pytest
 from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.decode import greedy_search
-from transformer_jax.incremental import IncrementalDecoder
-from transformer_jax.model import Transformer, TransformerConfig
+from transformer_jax.decoding.decode import greedy_search
+from transformer_jax.model.incremental import IncrementalDecoder
+from transformer_jax.model.transformer import Transformer, TransformerConfig
 
 CONFIG = TransformerConfig(
     vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32, deterministic=True

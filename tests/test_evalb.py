@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 
-from transformer_jax import evalb
-from transformer_jax.data import trees
+from transformer_jax.tasks.parsing import evalb, trees
 
 EVALB_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "tools" / "evalb"
 PTB_SAMPLE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "ptb-sample"

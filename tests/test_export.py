@@ -26,10 +26,11 @@ import pytest
 import sacrebleu
 from testing import random_params, tiny_train_config
 
-from transformer_jax import errors, export
+from transformer_jax import errors
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.serving import ctranslate2_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -144,7 +145,9 @@ def test_random_model_scores_and_greedy_translations_equal_the_projects(
 ):
   model_config = tiny_config(**VARIANTS[variant])
   params = random_params(model_config, seed=1)
-  output = export.export_ctranslate2(model_config, params, vocab_file, str(tmp_path / "ct2"))
+  output = ctranslate2_model.export_ctranslate2(
+      model_config, params, vocab_file, str(tmp_path / "ct2")
+  )
   assert sorted(os.listdir(output)) == ["config.json", "model.bin", "shared_vocabulary.json"]
   translator = ctranslate2.Translator(output, device="cpu", intra_threads=1)
   rng = np.random.default_rng(0)
@@ -170,7 +173,9 @@ def test_beam_score_is_log_probability_over_length_to_the_penalty(vocab_file, tm
   beam searches rank hypotheses differently."""
   model_config = tiny_config()
   params = random_params(model_config, seed=2)
-  output = export.export_ctranslate2(model_config, params, vocab_file, str(tmp_path / "ct2"))
+  output = ctranslate2_model.export_ctranslate2(
+      model_config, params, vocab_file, str(tmp_path / "ct2")
+  )
   translator = ctranslate2.Translator(output, device="cpu", intra_threads=1)
   sources = random_sentences(np.random.default_rng(3), 60, 10)
   for penalty in (0.0, 0.6, 1.0):
@@ -200,8 +205,10 @@ def test_quantized_exports_hold_rounded_weights(quantization, vocab_file, tmp_pa
   bytes and score close to float32."""
   model_config = tiny_config(positional="learned")
   params = random_params(model_config, seed=4)
-  full = export.export_ctranslate2(model_config, params, vocab_file, str(tmp_path / "f32"))
-  small = export.export_ctranslate2(
+  full = ctranslate2_model.export_ctranslate2(
+      model_config, params, vocab_file, str(tmp_path / "f32")
+  )
+  small = ctranslate2_model.export_ctranslate2(
       model_config, params, vocab_file, str(tmp_path / quantization), quantization
   )
   ratio = os.path.getsize(f"{small}/model.bin") / os.path.getsize(f"{full}/model.bin")
@@ -231,12 +238,14 @@ def test_docs_page_example_translates_with_a_sentencepiece_export(tmp_path):
   vocab_path = str(tmp_path / "vocab.model")
   model_config = tiny_config(vocab_size=100, max_len=256)  # the example decodes up to 256
   params = random_params(model_config, seed=6)
-  output = export.export_ctranslate2(model_config, params, vocab_path, str(tmp_path / "OUT"))
-  assert export.SENTENCEPIECE_FILE in os.listdir(output)
+  output = ctranslate2_model.export_ctranslate2(
+      model_config, params, vocab_path, str(tmp_path / "OUT")
+  )
+  assert ctranslate2_model.SENTENCEPIECE_FILE in os.listdir(output)
   sources = [tokenizer.encode(s) for s, _ in pairs[:50]]
   targets = [tokenizer.encode(t) for _, t in pairs[:50]]
   translator = ctranslate2.Translator(output, device="cpu", intra_threads=1)
-  vocab = export.vocabulary_tokens(vocab_path)
+  vocab = ctranslate2_model.vocabulary_tokens(vocab_path)
   assert_scores_equal(translator, model_config, params, sources, targets, vocab)
 
   page = (REPO / "docs" / "export.md").read_text()
@@ -251,8 +260,10 @@ def test_docs_page_example_translates_with_a_sentencepiece_export(tmp_path):
 
 def test_d_k_different_from_d_v_is_refused_naming_the_variant(vocab_file, tmp_path):
   model_config = tiny_config(key_dim=4)  # Table 3 row B: d_k 4, d_v = d_model / h = 8
-  with pytest.raises(export.ExportError, match=r"key_dim=4 != model.value_dim=8 .*Table 3 row B"):
-    export.export_ctranslate2(
+  with pytest.raises(
+      ctranslate2_model.ExportError, match=r"key_dim=4 != model.value_dim=8 .*Table 3 row B"
+  ):
+    ctranslate2_model.export_ctranslate2(
         model_config, random_params(model_config), vocab_file, str(tmp_path / "new")
     )
   assert not (tmp_path / "new").exists() and os.listdir(tmp_path) == []
@@ -262,16 +273,20 @@ def test_export_of_a_d_k_d_v_run_is_refused_from_its_config_before_any_checkpoin
   config = tiny_train_config()
   config.model.key_dim = 4  # Table 3 row B: d_v stays d_model / h = 8
   (tmp_path / "config.json").write_text(config.to_json_best_effort())  # as train.py writes it
-  with pytest.raises(export.ExportError, match="key_dim=4 != model.value_dim=8"):
-    export.export_run(str(tmp_path), str(tmp_path / "out"))  # no vocabulary, no checkpoint yet
+  with pytest.raises(ctranslate2_model.ExportError, match="key_dim=4 != model.value_dim=8"):
+    ctranslate2_model.export_run(
+        str(tmp_path), str(tmp_path / "out")
+    )  # no vocabulary, no checkpoint yet
   assert not (tmp_path / "out").exists()
 
 
 def test_vocabulary_without_the_projects_special_tokens_is_refused(tmp_path):
   path = tmp_path / "vocab.txt"
   path.write_text("\n".join(["<pad>", "<s>", "</s>", "<unk>"] + WORDS) + "\n")  # BOS/EOS swapped
-  with pytest.raises(export.ExportError, match=r"id 1 \(eos\) is '<s>', expected '</s>'"):
-    export.vocabulary_tokens(str(path))
+  with pytest.raises(
+      ctranslate2_model.ExportError, match=r"id 1 \(eos\) is '<s>', expected '</s>'"
+  ):
+    ctranslate2_model.vocabulary_tokens(str(path))
 
 
 def test_bad_output_and_quantization_are_refused_before_any_work(vocab_file, tmp_path):
@@ -283,13 +298,15 @@ def test_bad_output_and_quantization_are_refused_before_any_work(vocab_file, tmp
   }
   for output, message in cases.items():
     with pytest.raises(errors.UserError, match=message):
-      export.export_ctranslate2(model_config, params, vocab_file, output)
+      ctranslate2_model.export_ctranslate2(model_config, params, vocab_file, output)
   with pytest.raises(errors.UserError, match="--quantization='int4': expected one of float32"):
-    export.export_ctranslate2(model_config, params, vocab_file, str(tmp_path / "x"), "int4")
+    ctranslate2_model.export_ctranslate2(
+        model_config, params, vocab_file, str(tmp_path / "x"), "int4"
+    )
   with pytest.raises(errors.UserError, match="--workdir=.* is not a directory"):
-    export.export_run(str(tmp_path / "no_run"), str(tmp_path / "y"))
+    ctranslate2_model.export_run(str(tmp_path / "no_run"), str(tmp_path / "y"))
   with pytest.raises(errors.UserError, match="--format='onnx'"):
-    export.export_run(str(tmp_path), str(tmp_path / "y"), export_format="onnx")
+    ctranslate2_model.export_run(str(tmp_path), str(tmp_path / "y"), export_format="onnx")
 
 
 # ----------------------------------------------------------------------------- trained runs
@@ -297,7 +314,7 @@ def test_bad_output_and_quantization_are_refused_before_any_work(vocab_file, tmp
 
 def train_run(workdir, num_steps: int, **model_fields):
   """A tiny run on the synthetic task (tests/testing.py), `num_steps` steps."""
-  from transformer_jax import train
+  from transformer_jax.training import train
 
   config = tiny_train_config()
   config.train.num_steps = num_steps
@@ -328,7 +345,7 @@ def check_exported_run(workdir, output, config, beam_bleu_gap: float | None = No
   """The export of `workdir`'s run scores as its model and translates greedily as its own
   decoder (inference.py), on 200 unseen sentences; with `beam_bleu_gap`, beam 4 of both engines
   (each with its own length penalty) is within that many BLEU points."""
-  from transformer_jax import inference
+  from transformer_jax.runs import inference
 
   run = inference.load_run(str(workdir))
   pairs = unseen_pairs(config, 200)
@@ -336,14 +353,15 @@ def check_exported_run(workdir, output, config, beam_bleu_gap: float | None = No
   targets = [run.tokenizer.encode(t) for _, t in pairs]
   translator = ctranslate2.Translator(str(output), device="cpu", intra_threads=1)
   model_config = run.model_config.replace(deterministic=True)
-  vocab = export.vocabulary_tokens(str(pathlib.Path(workdir) / "vocab.txt"))
+  vocab = ctranslate2_model.vocabulary_tokens(str(pathlib.Path(workdir) / "vocab.txt"))
   assert_scores_equal(translator, model_config, run.params, sources, targets, vocab)
 
-  # decode.py stops each sentence at its own limit (export.output_limit); CTranslate2 takes one
+  # decode.py stops each sentence at its own limit (ctranslate2_model.output_limit);
+  # CTranslate2 takes one
   # limit per call, so the sentences of one limit are translated together.
   source_tokens = [s.split() for s, _ in pairs]
   limits = [
-      export.output_limit(len(ids), config.eval.max_decode_extra, model_config.max_len)
+      ctranslate2_model.output_limit(len(ids), config.eval.max_decode_extra, model_config.max_len)
       for ids in sources
   ]
 
@@ -391,7 +409,7 @@ def trained_run(tmp_path_factory):
 @pytest.mark.slow
 def test_export_of_a_trained_run_scores_and_translates_as_the_run(trained_run, tmp_path):
   workdir, config = trained_run
-  info = export.export_run(str(workdir), str(tmp_path / "ct2"), "latest")
+  info = ctranslate2_model.export_run(str(workdir), str(tmp_path / "ct2"), "latest")
   assert info["checkpoint"] == "step 100" and info["tokens"] == "whitespace words"
   result = check_exported_run(workdir, tmp_path / "ct2", config, beam_bleu_gap=3.0)
   print("post_ln", result)
@@ -528,7 +546,7 @@ def test_trained_run_of_each_variant_exports_exactly(variant, tmp_path):
     fields.update(num_layers=2, num_decoder_layers=1)
   workdir = tmp_path / "run"
   config = train_run(workdir, 100, **fields)
-  export.export_run(str(workdir), str(tmp_path / "ct2"))
+  ctranslate2_model.export_run(str(workdir), str(tmp_path / "ct2"))
   result = check_exported_run(workdir, tmp_path / "ct2", config, beam_bleu_gap=3.0)
   print(variant, result)
   assert result["beam4_bleu"][0] > 1.0, result  # it learned something: the comparison means it

@@ -11,15 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.attention import (
+from transformer_jax.model.attention import (
     AttentionMask,
     attention_implementation,
     dot_product_attention,
     fused_dot_product_attention,
     segment_mask,
 )
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer
 
 B, T, H, D = 3, 6, 2, 8  # batch, length, heads, head dim
 CONFIG = TransformerConfig(

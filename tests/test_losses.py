@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from transformer_jax.losses import label_smoothed_cross_entropy, token_accuracy
+from transformer_jax.training.losses import label_smoothed_cross_entropy, token_accuracy
 
 V = 5  # vocabulary
 

@@ -12,8 +12,8 @@ import pytest
 from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.model import Embed, Transformer
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Embed, Transformer
 
 CONFIG = TransformerConfig(
     vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32, deterministic=True

@@ -48,9 +48,11 @@ def worker(args):
   import jax
   from jax.experimental import multihost_utils
 
-  from transformer_jax import checkpoint, distributed, train
   from transformer_jax import config as config_lib
   from transformer_jax.data import batching, pipeline
+  from transformer_jax.parallel import distributed
+  from transformer_jax.runs import checkpoint
+  from transformer_jax.training import train
 
   config = tiny_config()
   if args.num_processes > 1:
@@ -166,8 +168,9 @@ def wait_all(procs):
 def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
   import jax
 
-  from transformer_jax import checkpoint, train
   from transformer_jax import config as config_lib
+  from transformer_jax.runs import checkpoint
+  from transformer_jax.training import train
 
   port = free_port()
   ckpt = str(tmp_path / "checkpoints")
@@ -344,9 +347,10 @@ def test_elastic_resume_two_processes_to_one_and_one_to_two(tmp_path):
   import jax
   from testing import tiny_overrides
 
-  from transformer_jax import checkpoint, train
   from transformer_jax import config as config_lib
   from transformer_jax.data import pipeline
+  from transformer_jax.runs import checkpoint
+  from transformer_jax.training import train
 
   flags = [f"--config.{key}={value}" for key, value in tiny_overrides().items()]
   flags += ["--config.train.checkpoint_every=2", "--config.train.keep_checkpoints=5"]
@@ -422,7 +426,7 @@ def test_distributed_config_is_validated_and_off_by_default():
   import pytest
 
   from transformer_jax import config as config_lib
-  from transformer_jax import distributed
+  from transformer_jax.parallel import distributed
 
   config = tiny_config()
   assert distributed.initialize(config) is False  # enabled=False: a single-process run

@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_jax.optim import make_optimizer, make_schedule, paper_schedule
+from transformer_jax.training.optim import make_optimizer, make_schedule, paper_schedule
 
 D_MODEL, WARMUP = 512, 4000
 

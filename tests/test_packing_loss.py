@@ -5,9 +5,9 @@ import pytest
 from testing import random_params, tiny_train_config
 
 from transformer_jax import config as config_lib
-from transformer_jax import train
 from transformer_jax.data import batching, pipeline
-from transformer_jax.model import Transformer
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training import train
 
 
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite

@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from configs import parsing_sample
-from transformer_jax import errors, evalb, parse, parsing
-from transformer_jax.data import trees
+from transformer_jax import config as config_lib
+from transformer_jax import errors, parse
+from transformer_jax.tasks.parsing import evalb, scoring, trees
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EVALB_C = REPO.parent / "shared" / "tools" / "evalb" / "evalb.c"
@@ -27,7 +28,7 @@ def test_reads_tokenized_sentences_and_escapes_brackets():
       ["The", "dog", "barks", "."],
       ["-LRB-", "a", "-RRB-", "{b}"],
   ]
-  assert parsing.sentence_words("f(x) }") == ["f-LRB-x-RRB-", "-RCB-"]
+  assert scoring.sentence_words("f(x) }") == ["f-LRB-x-RRB-", "-RCB-"]
 
 
 @pytest.mark.parametrize(
@@ -45,10 +46,14 @@ def test_bad_input_names_the_line(data, message):
 
 
 def _config_only_workdir(tmp_path, source="ptb") -> pathlib.Path:
-  """A workdir holding only config.json: input is checked before anything else is loaded."""
+  """A workdir holding only config.json: input is checked before anything else is loaded. The
+  ptb source: a parsing run; any other: a translation run of the same model."""
   config = parsing_sample.get_config()
+  if source != "ptb":
+    parsing = config
+    config = config_lib.default_config()
+    config.model, config.data = parsing.model, parsing.data
   config.data.source = source
-  config.eval.tree_constraints = source == "ptb"  # a translation run has no trees to constrain
   config.data.path = str(tmp_path)
   config.data.max_len = 8
   config.data.packed_source_len = 0  # the config's 96 would not fit rows of 8
@@ -109,7 +114,7 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   per input line over exactly the input's words."""
   import jax
 
-  from transformer_jax import train
+  from transformer_jax.training import train
 
   config = parsing_sample.get_config()
   config.data.path = str(shared_data / "ptb-sample")
@@ -126,8 +131,8 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   config.data.tokens_per_batch = 2048
   config.train.num_steps, config.train.warmup_steps = 60, 20
   config.train.lr_multiplier = 4.0
-  config.data.word_dropout = 0.1  # trained through the whole run (train.drop_words)
-  config.train.word_loss = "any"  # likewise (losses.py)
+  config.parsing.word_dropout = 0.1  # trained through the whole run (ptb.drop_words)
+  config.parsing.word_loss = "any"  # likewise (training/losses.py)
   config.train.checkpoint_every, config.train.eval_every = 30, 30
   config.train.average_last = 2
   config.train.max_train_minutes = 0.0
@@ -181,7 +186,7 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   assert proc.returncode == 0, proc.stderr.decode()[-2000:]
   out = proc.stdout.decode().splitlines()
   assert len(out) == 2 and "sentences;" in proc.stderr.decode()
-  words = [parsing.sentence_words(line) for line in sentences.splitlines()]
+  words = [scoring.sentence_words(line) for line in sentences.splitlines()]
   assert [trees.parse_trees(line)[0].words() for line in out] == words
   assert all(line.startswith("(TOP ") for line in out)
 

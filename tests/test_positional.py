@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from transformer_jax.model import sinusoidal_positions
+from transformer_jax.model.transformer import sinusoidal_positions
 
 MAX_LEN, D_MODEL = 64, 16
 

@@ -1,4 +1,5 @@
-"""The Penn Treebank source (data/ptb.py): article selection, the LDC layout, vocabulary, errors."""
+"""The Penn Treebank source (tasks/parsing/ptb.py): article selection, the LDC layout, vocabulary,
+errors."""
 
 import shutil
 
@@ -9,9 +10,10 @@ import pytest
 
 from configs import parsing_sample, parsing_wsj
 from transformer_jax import config as config_lib
-from transformer_jax import errors, parsing, train, tree_constraint
-from transformer_jax.data import pipeline, ptb, trees
+from transformer_jax import errors
+from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import UNK_ID, WordTokenizer
+from transformer_jax.tasks.parsing import ptb, scoring, tree_constraint, trees
 
 
 def test_selection_specs():
@@ -58,7 +60,7 @@ def test_wsj_config_reads_an_ldc_like_directory(shared_data, tmp_path):
   # Targets are whole tree tokens: no <unk> in the training targets; gold trees rebuild exactly.
   train = dataset.splits["train"]
   assert all(UNK_ID not in target for _, target in train.examples)
-  gold = parsing.gold_trees(train.pairs, trees.Linearization.from_config(config.data))
+  gold = scoring.gold_trees(train.pairs, trees.Linearization.from_config(config.parsing))
   assert [t.words() for t in gold] == [s.split() for s, _ in train.pairs]
   # A second load keeps the workdir's vocabulary.
   again = pipeline.load_dataset(config, str(workdir), splits=("test",))
@@ -69,7 +71,7 @@ def test_targets_with_words_read_their_words_as_the_source_does(shared_data, tmp
   """data.tree_words: a target's word tokens are the source's ids, in order; gold trees rebuild."""
   config = parsing_sample.get_config()
   config.data.train_split, config.data.eval_split = "0001-0020", "0021"
-  config.data.tree_words = True
+  config.parsing.tree_words = True
   config_lib.validate(config)
   dataset = pipeline.load_dataset(config, str(tmp_path / "run"), splits=("train", "eval"))
   words = dataset.tokenizer.words
@@ -80,7 +82,7 @@ def test_targets_with_words_read_their_words_as_the_source_does(shared_data, tmp
       assert [i for i in target if i not in tree_ids | {UNK_ID}] == [
           i for i in source if i != UNK_ID
       ]
-    gold = parsing.gold_trees(split.pairs, trees.Linearization.from_config(config.data))
+    gold = scoring.gold_trees(split.pairs, trees.Linearization.from_config(config.parsing))
     assert [t.words() for t in gold] == [s.split() for s, _ in split.pairs]
 
 
@@ -169,18 +171,18 @@ def test_word_dropout_reads_words_as_their_classes_in_source_and_target_alike():
       "targets_positions": jnp.arange(len(target))[None],
   }
   classes = jnp.asarray(table)
-  none = train.drop_words(batch, jax.random.PRNGKey(0), 0.0, classes)
+  none = ptb.drop_words(batch, jax.random.PRNGKey(0), 0.0, classes)
   assert none.keys() == batch.keys()
   for key in batch:
     np.testing.assert_array_equal(none[key], batch[key])
-  every = train.drop_words(batch, jax.random.PRNGKey(0), 1.0, classes)
+  every = ptb.drop_words(batch, jax.random.PRNGKey(0), 1.0, classes)
   for key in ("inputs", "targets", "decoder_inputs"):
     np.testing.assert_array_equal(every[key], table[np.asarray(batch[key])])
   np.testing.assert_array_equal(every["targets_positions"], batch["targets_positions"])
   # At 0.5, some words are dropped and some kept, and a word is dropped everywhere or nowhere.
   seen = set()
   for seed in range(20):
-    half = train.drop_words(batch, jax.random.PRNGKey(seed), 0.5, classes)
+    half = ptb.drop_words(batch, jax.random.PRNGKey(seed), 0.5, classes)
     changed = np.asarray(batch["inputs"]) != np.asarray(half["inputs"])
     dropped = sorted(set(np.asarray(batch["inputs"])[changed].tolist()))
     for key in ("inputs", "targets", "decoder_inputs"):
@@ -193,14 +195,17 @@ def test_word_dropout_reads_words_as_their_classes_in_source_and_target_alike():
 
 def test_word_dropout_config():
   config = parsing_sample.get_config()
-  config.data.word_dropout = 0.1
+  config.parsing.word_dropout = 0.1
   config_lib.validate(config)
-  config.data.word_dropout = 1.0
-  with pytest.raises(config_lib.ConfigError, match="data.word_dropout"):
+  config.parsing.word_dropout = 1.0
+  with pytest.raises(config_lib.ConfigError, match="parsing.word_dropout"):
     config_lib.validate(config)
+  # The parsing switches live in the parsing task's section: a translation run has none, and
+  # reading trees (data.source='ptb') is the parsing task's.
   config = config_lib.default_config()
-  config.data.word_dropout = 0.1
-  with pytest.raises(config_lib.ConfigError, match="data.word_dropout.*ptb runs only"):
+  assert config.task == "translation" and "parsing" not in config
+  config.data.source = "ptb"
+  with pytest.raises(config_lib.ConfigError, match="data.source.*translation task reads"):
     config_lib.validate(config)
 
 
@@ -220,18 +225,16 @@ def test_packed_source_len_config():
 
 def test_word_loss_config_and_word_set():
   config = parsing_sample.get_config()
-  config.train.word_loss = "any"
+  config.parsing.word_loss = "any"
   config_lib.validate(config)
-  config.data.tree_words = False  # no words in the targets to score
-  with pytest.raises(config_lib.ConfigError, match="train.word_loss.*tree_words"):
+  config.parsing.tree_words = False  # no words in the targets to score
+  with pytest.raises(config_lib.ConfigError, match="parsing.word_loss.*tree_words"):
     config_lib.validate(config)
-  config = config_lib.default_config()
-  config.train.word_loss = "any"
-  with pytest.raises(config_lib.ConfigError, match="train.word_loss.*ptb runs"):
-    config_lib.validate(config)
-  config.train.word_loss = "some"
+  config.parsing.tree_words = True
+  config.parsing.word_loss = "some"
   with pytest.raises(config_lib.ConfigError, match="expected 'exact' or 'any'"):
     config_lib.validate(config)
+  assert "word_loss" not in config.train  # the paper's loss for every other task
   train_trees = [trees.preprocess(t) for t in trees.parse_trees(THREE_TREES)]
   tokenizer = ptb.build_vocabulary(train_trees, "labeled", vocab_size=64)
   words = tree_constraint.word_set(tokenizer)

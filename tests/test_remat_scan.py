@@ -11,9 +11,10 @@ import pytest
 
 from configs import quickstart
 from transformer_jax import config as config_lib
-from transformer_jax import incremental, train
-from transformer_jax.model import Transformer, stack_layer_params, unstack_layer_params
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.model import incremental
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer, stack_layer_params, unstack_layer_params
+from transformer_jax.training import train
 
 CONFIG = TransformerConfig(
     vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32, dropout_rate=0.1
@@ -69,6 +70,7 @@ def assert_close(a, b, rtol=1e-5, atol=1e-4):
     np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_remat_keeps_loss_and_gradients(params):
   # Dropout on: the recomputed forward pass must draw the same masks. ("full" runs with scan in
   # the next test; one policy here keeps the compile count down.)
@@ -152,7 +154,7 @@ def test_bad_remat_policy_names_the_field():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_output_projection_gradient_equals_autodiff(dtype):
   """The pre-softmax projection's custom backward (a layout choice) is JAX's own gradient."""
-  from transformer_jax.model import _output_projection
+  from transformer_jax.model.transformer import _output_projection
 
   keys = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(keys[0], (2, 3, 8)).astype(dtype)  # [b, t, e]

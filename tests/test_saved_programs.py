@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from test_beam_search import CONFIG, EXTRA, tiny_model
 
-from transformer_jax import compilation, decode, saved_programs
-from transformer_jax.batch_shapes import Shapes
+from transformer_jax.decoding import compilation, decode, saved_programs
+from transformer_jax.decoding.batch_shapes import Shapes
 
 
 def _files(directory):

@@ -13,9 +13,11 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 from testing import tiny_train_config
 
-from transformer_jax import checkpoint, sharding, train
 from transformer_jax import config as config_lib
 from transformer_jax.data import batching, pipeline
+from transformer_jax.parallel import sharding
+from transformer_jax.runs import checkpoint
+from transformer_jax.training import train
 
 VOCAB = 200  # >= the synthetic tokenizer's 197 ids, and divisible by every tensor size below
 STEPS = 2

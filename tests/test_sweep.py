@@ -14,7 +14,7 @@ from testing import random_params
 from configs import table3
 from transformer_jax import config as config_lib
 from transformer_jax import sweep
-from transformer_jax.model import Transformer, TransformerConfig
+from transformer_jax.model.transformer import Transformer, TransformerConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def test_attention_with_smaller_key_size_matches_the_formula():
   assert attention["value"].shape == (16, 2, 8)  # [e, h, d_v]
   assert attention["out"].shape == (2, 8, 16)  # [h, d_v, e]
 
-  from transformer_jax.attention import MultiHeadAttention
+  from transformer_jax.model.attention import MultiHeadAttention
 
   x = np.random.default_rng(0).standard_normal((1, 5, 16)).astype(np.float32)
   out = MultiHeadAttention(config).apply({"params": attention}, x, x, None)

@@ -11,8 +11,8 @@ import pytest
 from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, PAD_ID
-from transformer_jax.model import Transformer, sinusoidal_positions
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer, sinusoidal_positions
 
 torch = pytest.importorskip("torch")
 

@@ -17,9 +17,11 @@ import pytest
 import sacrebleu
 from testing import tiny_train_config
 
-from transformer_jax import checkpoint, errors, train
 from transformer_jax import config as config_lib
+from transformer_jax import errors
 from transformer_jax.data import batching, pipeline
+from transformer_jax.runs import checkpoint
+from transformer_jax.training import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -53,6 +55,7 @@ def params_close(a, b, rtol=1e-5, atol=1e-6):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_tiny_model_overfits_one_batch():
   config = tiny_config(lr_multiplier=2.0, warmup_steps=200)
   config.model.dropout_rate = 0.0
@@ -391,6 +394,7 @@ def test_final_evaluation_reports_the_training_pairs_loss_with_dropout_off(tmp_p
   assert results["train_subset_perplexity"] == pytest.approx(np.exp(expected["nll"]), rel=1e-5)
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_sigterm_checkpoints_the_next_step_and_the_rerun_resumes_exactly(tmp_path, monkeypatch):
   config = tiny_config(num_steps=6, checkpoint_every=100, log_every=1)
   run = functools.partial(train.run, config, devices=jax.devices()[:1])

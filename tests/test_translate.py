@@ -12,17 +12,12 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import (
-    average,
-    batch_shapes,
-    checkpoint,
-    evaluate,
-    inference,
-    saved_programs,
-    train,
-    tune_decoding,
-)
+from transformer_jax import average, tune_decoding
 from transformer_jax import config as config_lib
+from transformer_jax.decoding import batch_shapes, saved_programs
+from transformer_jax.runs import checkpoint, inference
+from transformer_jax.tasks import bleu
+from transformer_jax.training import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -99,6 +94,7 @@ def test_translate_lines_keeps_order_empty_lines_and_truncates(trained_run, capl
   assert train_pairs  # the run wrote its test translations
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_translations_do_not_depend_on_the_references(trained_run):
   """The references' lengths choose no bucket, hence no output length limit (test-set leak)."""
   workdir, _ = trained_run
@@ -108,9 +104,9 @@ def test_translations_do_not_depend_on_the_references(trained_run):
   trainer = train.Trainer(run.config, run.model_config)
   short = [(s, [5]) for s in sources]
   long = [(s, [5] * 20) for s in sources]
-  out = trainer.translate(run.params, short, buckets, run.tokenizer)
-  assert trainer.translate(run.params, long, buckets, run.tokenizer) == out
-  assert trainer.translate(run.params, [(s, []) for s in sources], buckets, run.tokenizer) == out
+  out = trainer.decode(run.params, short, buckets, run.tokenizer)
+  assert trainer.decode(run.params, long, buckets, run.tokenizer) == out
+  assert trainer.decode(run.params, [(s, []) for s in sources], buckets, run.tokenizer) == out
   # The library's batching (sorted by length, sized by tokens; one batch here, padded to the
   # same length) translates them the same.
   assert run.translate_ids(sources) == out
@@ -135,12 +131,12 @@ def test_the_final_evaluation_translates_as_translate_does(trained_run, monkeypa
   hypotheses = run.translate_ids([s for s, _ in test.examples])
   assert calls and calls[-1]["beam_size"] == 2 == run.config.eval.beam_size
   assert hypotheses == (workdir / "test_translations.txt").read_text().splitlines()
-  bleu = evaluate.corpus_bleu(hypotheses, [t for _, t in test.pairs])
-  assert results["test_bleu"] == pytest.approx(bleu.score)
+  corpus_bleu = bleu.corpus_bleu(hypotheses, [t for _, t in test.pairs])
+  assert results["test_bleu"] == pytest.approx(corpus_bleu.score)
   calls.clear()
   trainer = train.Trainer(run.config, run.model_config)
   buckets = inference.pipeline.eval_bucket_lengths(run.config.data)
-  assert trainer.translate(run.params, test.examples, buckets, run.tokenizer) == hypotheses
+  assert trainer.decode(run.params, test.examples, buckets, run.tokenizer) == hypotheses
   assert len(calls) == 1  # training's evaluation goes through the same function
 
 
@@ -403,6 +399,7 @@ def test_translate_uses_the_users_jax_compilation_cache_dir(trained_run, tmp_pat
   assert translate()[0] == first  # written again whole: the next call reads them all
 
 
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_decode_benchmark_reports_speed_memory_steps_and_device(trained_run):
   workdir, _ = trained_run
   proc = subprocess.run(

@@ -11,12 +11,19 @@ from testing import random_params
 
 from configs import multi30k
 from transformer_jax import config as config_lib
-from transformer_jax import decode, tree_constraint
-from transformer_jax.batch_shapes import Shapes
-from transformer_jax.data import ptb, trees
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, RESERVED_TOKENS
-from transformer_jax.model import TransformerConfig
-from transformer_jax.tree_constraint import CLOSE, OPEN, TAG, WORD, TreeConstraint, token_kind
+from transformer_jax.decoding import decode
+from transformer_jax.decoding.batch_shapes import Shapes
+from transformer_jax.model.transformer import TransformerConfig
+from transformer_jax.tasks.parsing import ptb, tree_constraint, trees
+from transformer_jax.tasks.parsing.tree_constraint import (
+    CLOSE,
+    OPEN,
+    TAG,
+    WORD,
+    TreeConstraint,
+    token_kind,
+)
 
 TREES = """
 ( (S (NP-SBJ (NNP Pierre) (NNP Vinken) ) (VP (MD will) (VP (VB join) (NP (DT the) (NN board) )
@@ -253,22 +260,22 @@ def test_a_prefix_with_no_legal_token_gets_minus_infinity_not_nan():
 
 
 def test_the_config_switch_is_off_by_default_and_for_parsing_runs_only(tmp_path):
-  config = multi30k.get_config()
-  config.data.path = str(tmp_path)  # a corpus directory that exists without ../shared beside
-  assert config.eval.tree_constraints is False
+  config = config_lib.default_config("parsing")
+  config.data.source, config.data.path = "ptb", str(tmp_path)
+  assert config.parsing.tree_constraints is False
   assert tree_constraint.from_config(config, None) is None
-  config.eval.tree_constraints = True
-  with pytest.raises(config_lib.ConfigError, match="eval.tree_constraints.*parsing runs only"):
-    config_lib.validate(config)
+  # A translation run has no parsing section, so no switch to turn on.
+  assert "parsing" not in multi30k.get_config() and "tree_constraints" not in config.eval
+  config.parsing.tree_constraints = True
   _, tokenizer, _, _ = _setup("bare", True)
-  config.data.source, config.data.tree_closing, config.data.tree_words = "ptb", "bare", True
+  config.parsing.tree_closing, config.parsing.tree_words = "bare", True
   built = tree_constraint.from_config(config, tokenizer)
   tags = sum(t.startswith("(") and t.endswith(")") for t in tokenizer.words)
   assert built.words and not built.in_order and (built.kinds == TAG).sum() == tags
-  config.data.tree_order = "in_order"
+  config.parsing.tree_order = "in_order"
   assert tree_constraint.from_config(config, tokenizer).in_order
-  config.data.tree_order = "bottom_up"
-  with pytest.raises(config_lib.ConfigError, match="data.tree_order"):
+  config.parsing.tree_order = "bottom_up"
+  with pytest.raises(config_lib.ConfigError, match="parsing.tree_order"):
     config_lib.validate(config)
 
 

@@ -1,8 +1,9 @@
-"""Tree reading, preprocessing and linearization (data/trees.py): exact round trips, repairs."""
+"""Tree reading, preprocessing and linearization (tasks/parsing/trees.py): exact round trips,
+repairs."""
 
 import pytest
 
-from transformer_jax.data import trees
+from transformer_jax.tasks.parsing import trees
 
 PTB = """
 ( (S

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from testing import tiny_overrides, tiny_train_config
 
-from transformer_jax import checkpoint, train, workdir_lock
 from transformer_jax import config as config_lib
 from transformer_jax.data import pipeline
+from transformer_jax.runs import checkpoint, workdir_lock
+from transformer_jax.training import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
@@ -53,7 +54,7 @@ def test_a_stale_holder_in_the_lock_file_blocks_nothing(tmp_path):
 
 
 def test_the_other_processes_of_a_run_take_no_lock_and_follow_process_0(tmp_path, monkeypatch):
-  from transformer_jax import distributed
+  from transformer_jax.parallel import distributed
 
   monkeypatch.setattr(distributed, "is_chief", lambda: False)
   monkeypatch.setattr(distributed, "chief_decides", lambda flag: False)  # process 0 got it

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from transformer_jax import config as config_lib
-from transformer_jax import xla_flags
+from transformer_jax.parallel import xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

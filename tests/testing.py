@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.model import Transformer
+from transformer_jax.model.transformer import Transformer
 
 
 def random_params(config, seed=0):

@@ -25,14 +25,10 @@ def average_workdir(workdir: str, num: int) -> list[int]:
 
   Reads the parameters of each checkpoint only (inference.restore_params), never the optimizer.
   """
-  from transformer_jax import (  # heavy (JAX); keeps --help fast
-      checkpoint,
-      inference,
-      sharding,
-      workdir_lock,
-  )
   from transformer_jax import config as config_lib
   from transformer_jax.data import pipeline
+  from transformer_jax.parallel import sharding
+  from transformer_jax.runs import checkpoint, inference, workdir_lock
 
   config = inference.load_config(workdir)
   try:
@@ -45,7 +41,7 @@ def average_workdir(workdir: str, num: int) -> list[int]:
   # averaged/ is the run's own (its final evaluation writes it too), and a training run deletes
   # old checkpoints as it goes: averaging waits for no training on this workdir.
   with workdir_lock.hold(workdir, "average"):
-    params, steps = inference.average_params(workdir, abstract, num)
+    params, steps = inference.average_workdir_params(workdir, abstract, num)
     checkpoint.save_averaged(workdir, params, steps)
   return steps
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import ml_collections
 from absl import app, flags
 
-from transformer_jax import batch_shapes  # plain Python: --help imports no JAX
+from transformer_jax.decoding import batch_shapes  # plain Python: --help imports no JAX
 from transformer_jax.errors import UserError
+from transformer_jax.files import check_directory  # noqa: F401 - cli.check_directory for commands
 
 
 def run(main: Callable[[list[str]], object]) -> None:
@@ -116,21 +117,6 @@ def workdir_args(argv: list[str], required: str = "workdir") -> flags.FlagValues
   return args
 
 
-def check_directory(path: str, flag: str = "--workdir") -> None:
-  """A UserError unless `path` is a directory or can become one: no file stands at it or at any
-  of its parents. Nothing is made."""
-  current = os.path.abspath(path)
-  while not os.path.exists(current):
-    parent = os.path.dirname(current)
-    if parent == current:
-      return
-    current = parent
-  if not os.path.isdir(current):
-    if current == os.path.abspath(path):
-      raise UserError(f"{flag} {path} is a file, not a directory (a new one or a run's)")
-    raise UserError(f"{flag} {path}: {current} is a file, not a directory")
-
-
 def make_directory(path: str, flag: str = "--workdir") -> None:
   """`os.makedirs(path, exist_ok=True)`, with what stops it (a file in the way, no permission)
   as a UserError naming `flag`."""
@@ -184,3 +170,19 @@ def define_compilation_cache_flag():
       "off.",
       module_name=sys.argv[0],
   )
+
+
+def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
+  """The lines of a binary stream as text, without their line ends ("\\n" or "\\r\\n").
+
+  A line that is not UTF-8 raises errors.UserError naming `name` and the line number.
+  """
+  for number, raw in enumerate(stream, start=1):
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise UserError(
+          f"{name} line {number} is not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+          f"{e.start + 1}: {e.reason}); convert the input to UTF-8, e.g. with iconv"
+      ) from None
+    yield line.rstrip("\n").rstrip("\r")

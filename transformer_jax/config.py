@@ -8,157 +8,172 @@ once (`lock_config=True`). `validate` checks values before any data is read or c
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections.abc import Callable
 
 import ml_collections
 
-from transformer_jax import batch_shapes, cli, errors, sharding, xla_flags
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax import errors, files
+from transformer_jax.decoding import batch_shapes
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.parallel import sharding, xla_flags
 
-SOURCES = ("synthetic", "text", "tfds", "ptb")
+_placeholder = ml_collections.config_dict.placeholder
 
 
-def default_config() -> ml_collections.ConfigDict:
+def default_config(task: str = "translation") -> ml_collections.ConfigDict:
+  """Every key of a run's config: the generic sections, then the task's own section
+  (`config.<task>`, for a task that has one; tasks/)."""
+  from transformer_jax import tasks  # a task's section; tasks import this module
+
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # What the run learns: "translation", "parsing" (§6.3), or a task registered with tasks.register.
+  c.task = task
+  c.model = model_section()
+  c.data = data_section()
+  c.train = train_section()
+  c.eval = eval_section()
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  c.sharding_rules = "data_parallel"  # data_parallel | fsdp | tensor_parallel (sharding.RULES)
 
-  # The model, named as in the paper; defaults are the base model (Table 3). Every key is a field
-  # of model_config.TransformerConfig, built as TransformerConfig(vocab_size, **config.model).
-  placeholder = ml_collections.config_dict.placeholder
-  c.model = ml_collections.ConfigDict()
-  c.model.d_model = 512
-  c.model.num_heads = 8
-  c.model.key_dim = placeholder(int)  # d_k per head; None = d_model / num_heads (§3.2.2)
-  c.model.value_dim = placeholder(int)  # d_v per head; None = d_model / num_heads
-  c.model.num_layers = 6
-  c.model.num_decoder_layers = placeholder(int)  # None = same as num_layers
-  c.model.d_ff = 2048
-  c.model.dropout_rate = 0.1
-  c.model.attention_dropout_rate = 0.0
-  c.model.max_len = 256
-  c.model.share_embeddings = True
-  c.model.positional = "sinusoidal"
-  c.model.norm_position = "post"
-  c.model.dtype = "float32"
-  c.model.param_dtype = "float32"
-  c.model.attention_impl = "auto"  # auto | xla | cudnn | einsum (auto: cuDNN fused on GPU bf16)
-  c.model.remat_policy = "none"  # none | full | dots | dots_no_batch: recompute layers in backward
-  c.model.scan_layers = False  # nn.scan over layers: compile time independent of depth
+  c.distributed = distributed_section()
 
-  c.data = ml_collections.ConfigDict()
-  c.data.source = "synthetic"  # synthetic | text | tfds | ptb
-  c.data.path = ""  # text: directory with {split}.{lang} files; ptb: a tree directory
+  # XLA compiler flags, added to XLA_FLAGS before JAX starts (flags already there win); see
+  # transformer_jax/parallel/xla_flags.py. The default makes GPU matmuls cuBLAS calls, faster
+  # than XLA's Triton GEMMs for the base and big train steps on an H100. "" = none.
+  c.xla_flags = "--xla_gpu_enable_triton_gemm=false"
+  section = tasks.get(task).config_section()
+  if section is not None:
+    c[task] = section
+  return c
+
+
+def model_section() -> ml_collections.ConfigDict:
+  """config.model: the Transformer, named as in the paper; defaults are the base model (Table 3)."""
+  s = ml_collections.ConfigDict()
+  # Every key is a field of model.config.TransformerConfig, built as
+  # TransformerConfig(vocab_size, **config.model).
+  s.d_model = 512
+  s.num_heads = 8
+  s.key_dim = _placeholder(int)  # d_k per head; None = d_model / num_heads (§3.2.2)
+  s.value_dim = _placeholder(int)  # d_v per head; None = d_model / num_heads
+  s.num_layers = 6
+  s.num_decoder_layers = _placeholder(int)  # None = same as num_layers
+  s.d_ff = 2048
+  s.dropout_rate = 0.1
+  s.attention_dropout_rate = 0.0
+  s.max_len = 256
+  s.share_embeddings = True
+  s.positional = "sinusoidal"
+  s.norm_position = "post"
+  s.dtype = "float32"
+  s.param_dtype = "float32"
+  s.attention_impl = "auto"  # auto | xla | cudnn | einsum (auto: cuDNN fused on GPU bf16)
+  s.remat_policy = "none"  # none | full | dots | dots_no_batch: recompute layers in backward
+  s.scan_layers = False  # nn.scan over layers: compile time independent of depth
+  return s
+
+
+def data_section() -> ml_collections.ConfigDict:
+  """config.data: the corpus, its vocabulary and the training batches (§5.1)."""
+  s = ml_collections.ConfigDict()
+  s.source = "synthetic"  # the task's sources: synthetic | text | tfds; ptb (§6.3 trees)
+  s.path = ""  # text: directory with {split}.{lang} files; ptb: a tree directory
   # Prepared (tokenized, memory-mapped) corpora, data/prepared.py. "": `prepared/` beside the
   # workdir (shared storage on a cluster; sibling runs share it), or ~/.cache/transformer_jax/
   # prepared without a workdir.
-  c.data.cache_dir = ""
-  c.data.tfds_name = "wmt14_translate/de-en"
-  c.data.tfds_data_dir = ""
-  c.data.source_lang = "en"
-  c.data.target_lang = "de"
-  c.data.train_split = "train"
-  c.data.eval_split = "valid"
-  c.data.test_split = "test"
-  c.data.vocab_size = 37000  # SentencePiece vocabulary (§5.1: shared ~37k for EN-DE)
-  c.data.max_len = 128  # tokens per side, EOS/BOS included; longer pairs are truncated
-  c.data.tokens_per_batch = 4096  # per update, summed over devices (§5.1: ~25k per side)
-  c.data.bucket_step = 8  # bucket lengths are multiples of this (few jit shapes)
-  c.data.num_buckets = 8  # padded lengths (jit shapes); more buckets = less padding
+  s.cache_dir = ""
+  s.tfds_name = "wmt14_translate/de-en"
+  s.tfds_data_dir = ""
+  s.source_lang = "en"
+  s.target_lang = "de"
+  s.train_split = "train"
+  s.eval_split = "valid"
+  s.test_split = "test"
+  s.vocab_size = 37000  # SentencePiece vocabulary (§5.1: shared ~37k for EN-DE)
+  s.max_len = 128  # tokens per side, EOS/BOS included; longer pairs are truncated
+  s.tokens_per_batch = 4096  # per update, summed over devices (§5.1: ~25k per side)
+  s.bucket_step = 8  # bucket lengths are multiples of this (few jit shapes)
+  s.num_buckets = 8  # padded lengths (jit shapes); more buckets = less padding
   # Pack several pairs into each row of max_len (segment ids and positions keep them apart)
   # instead of bucketing by length: one jit shape and almost no padding (batching.py).
-  c.data.packing = False
+  s.packing = False
   # With packing: the source side's rows hold this many positions, the target side's
   # data.max_len (0: max_len on both sides). For corpora whose targets are much longer than
   # their sources (a linearized tree is ~3.4 times its sentence), so that the encoder does not
   # run over mostly padding; sources longer than it are truncated (and counted).
-  c.data.packed_source_len = 0
+  s.packed_source_len = 0
   # Rows of every training batch (per bucket, or packed) are a multiple of this, besides the
   # device count: a run may later resume on any device count that divides it (growth; shrinking
   # needs nothing). E.g. 8 on a CPU or one GPU, to move to a host of 8; 1 = no constraint.
-  c.data.row_multiple = 1
-  c.data.spm_max_sentences = 1_000_000  # SentencePiece trains on a random sample this big
-  # ptb (§6.3 parsing, data/trees.py): closing brackets of the linearized trees carry their
-  # label, ")NP", as in Vinyals et al. (2015) ("labeled"), or are a bare ")" ("bare").
-  c.data.tree_closing = "labeled"
-  # ptb: True writes each word before its tag in the target ("(NP Mr. (NNP) Vinken (NNP) )NP"):
-  # a deviation from Vinyals et al. (2015) and §6.3, whose targets hold no words; the written
-  # words mark the decoder's position in the sentence (data/trees.py). Off: the paper's form.
-  c.data.tree_words = False
-  # ptb: "top_down" writes each phrase's opening before its words (Vinyals et al. 2015, §6.3);
-  # "in_order" after its first child (Liu & Zhang 2017's in-order order; a deviation, off by
-  # default): "(NNP) (NP (NNP) )NP (S ..." (data/trees.py).
-  c.data.tree_order = "top_down"
-  # ptb: in each training batch, each vocabulary word is read as its unknown-word class with this
-  # probability, in source and target alike (word dropout, a deviation, off by default;
-  # data/ptb.py).
-  c.data.word_dropout = 0.0
-  c.data.synthetic_seed = 0
-  c.data.synthetic_train_size = 50_000
-  c.data.synthetic_eval_size = 500
+  s.row_multiple = 1
+  s.spm_max_sentences = 1_000_000  # SentencePiece trains on a random sample this big
+  s.synthetic_seed = 0
+  s.synthetic_train_size = 50_000
+  s.synthetic_eval_size = 500
+  return s
 
-  c.train = ml_collections.ConfigDict()
-  c.train.num_steps = 100_000  # base model: 100k steps (§5.2)
-  c.train.warmup_steps = 4000  # §5.3
-  c.train.label_smoothing = 0.1  # ε_ls, §5.4: of the training loss (and of the reported eval loss)
-  c.train.lr_multiplier = 1.0
-  # "exact" (the paper): every target token is scored. "any" (a deviation; ptb runs with
-  # data.tree_words): a target word is scored as "a word comes here", its probability the sum
-  # over the vocabulary's words, since the decoding constraint dictates which (losses.py).
-  c.train.word_loss = "exact"
+
+def train_section() -> ml_collections.ConfigDict:
+  """config.train: steps, the optimizer and its schedule (§5.3), checkpoints, budgets."""
+  s = ml_collections.ConfigDict()
+  s.num_steps = 100_000  # base model: 100k steps (§5.2)
+  s.warmup_steps = 4000  # §5.3
+  s.label_smoothing = 0.1  # ε_ls, §5.4: of the training loss (and of the reported eval loss)
+  s.lr_multiplier = 1.0
   # Not in the paper: the last cooldown_steps updates scale Eq. 3 linearly down to zero at
   # train.num_steps (0: Eq. 3 alone), for short fixed budgets of steps.
-  c.train.cooldown_steps = 0
-  c.train.adam_b1 = 0.9
-  c.train.adam_b2 = 0.98
-  c.train.adam_eps = 1e-9
-  c.train.grad_clip_norm = 0.0  # 0 = off, as in the paper
-  c.train.grad_accum_steps = 1
-  c.train.log_every = 100
-  c.train.checkpoint_every = 1000
-  c.train.keep_checkpoints = 5
-  c.train.eval_every = 0  # 0 = evaluate only at the end
-  c.train.average_last = 0  # §6.1: final evaluation on the mean of the last N checkpoints; 0 = off
+  s.cooldown_steps = 0
+  s.adam_b1 = 0.9
+  s.adam_b2 = 0.98
+  s.adam_eps = 1e-9
+  s.grad_clip_norm = 0.0  # 0 = off, as in the paper
+  s.grad_accum_steps = 1
+  s.log_every = 100
+  s.checkpoint_every = 1000
+  s.keep_checkpoints = 5
+  s.eval_every = 0  # 0 = evaluate only at the end
+  s.average_last = 0  # §6.1: final evaluation on the mean of the last N checkpoints; 0 = off
   # Wall-clock budget for the run's training loop, summed across restarts (compilation,
   # periodic evaluation and checkpointing included; the final evaluation not). Each checkpoint
   # records the training time so far, so a run preempted after 20 minutes of a 60-minute budget
   # trains 40 more when resumed. Checked every `log_every` steps; when it is spent the run
   # checkpoints and stops early, before `num_steps`. 0 = no budget.
-  c.train.max_train_minutes = 0.0
+  s.max_train_minutes = 0.0
+  return s
 
-  c.eval = ml_collections.ConfigDict()
-  c.eval.batch_size = 64  # sentences per evaluation batch, summed over devices
-  c.eval.num_sentences = 500  # bounded validation subset for BLEU during training
-  c.eval.max_decode_extra = 50  # §6.1: maximum output length = input length + 50
-  c.eval.beam_size = 4  # §6.1; 1 = greedy
-  c.eval.alpha = 0.6  # §6.1 length penalty ((5 + |Y|) / 6)^α
+
+def eval_section() -> ml_collections.ConfigDict:
+  """config.eval: evaluation during and after training, and the search's settings (§6.1)."""
+  s = ml_collections.ConfigDict()
+  s.batch_size = 64  # sentences per evaluation batch, summed over devices
+  s.num_sentences = 500  # bounded validation subset for BLEU during training
+  s.max_decode_extra = 50  # §6.1: maximum output length = input length + 50
+  s.beam_size = 4  # §6.1; 1 = greedy
+  s.alpha = 0.6  # §6.1 length penalty ((5 + |Y|) / 6)^α
   # The search's batch shapes (batch_shapes.py): "fast" decodes fastest once compiled; "few"
   # compiles ~5x fewer programs, so a first call on a new machine returns ~2x sooner; "auto":
   # "few" for calls of fewer than 2,000 sentences, "fast" from the first larger call on. The
   # same translations (on a GPU, all but a few near-ties: shapes change the order of sums).
-  c.eval.shapes = "auto"
-  # Parsing runs (data.source "ptb") only: the search writes only well-formed trees over the
-  # input's words (tree_constraint.py). Not in the paper (§6.3 decodes freely): off by default.
-  c.eval.tree_constraints = False
+  s.shapes = "auto"
+  return s
 
-  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
-  c.sharding_rules = "data_parallel"  # data_parallel | fsdp | tensor_parallel (sharding.RULES)
 
+def distributed_section() -> ml_collections.ConfigDict:
+  """config.distributed: joining the processes of a multi-host run."""
+  s = ml_collections.ConfigDict()
   # Multi-process runs (several hosts, or several GPUs with one process each): every process runs
   # the same command; `jax.distributed.initialize` joins them before any other JAX call. Leave
   # the three fields unset where JAX detects them (Cloud TPU VMs, SLURM, Open MPI, and
-  # JAX_COORDINATOR_ADDRESS in the environment); see transformer_jax/distributed.py.
-  c.distributed = ml_collections.ConfigDict()
-  c.distributed.enabled = False
-  c.distributed.coordinator_address = ""  # "host:port" of process 0; "" = auto-detect
-  c.distributed.num_processes = 0  # 0 = auto-detect
-  c.distributed.process_id = -1  # -1 = auto-detect
-  c.distributed.cpu_collectives = "gloo"  # CPU-only jobs: gloo | mpi (cross-process all-reduce)
-
-  # XLA compiler flags, added to XLA_FLAGS before JAX starts (flags already there win); see
-  # transformer_jax/xla_flags.py. The default makes GPU matmuls cuBLAS calls, faster than XLA's
-  # Triton GEMMs for the base and big train steps on an H100. "" = none.
-  c.xla_flags = "--xla_gpu_enable_triton_gemm=false"
-  return c
+  # JAX_COORDINATOR_ADDRESS in the environment); see transformer_jax/parallel/distributed.py.
+  s.enabled = False
+  s.coordinator_address = ""  # "host:port" of process 0; "" = auto-detect
+  s.num_processes = 0  # 0 = auto-detect
+  s.process_id = -1  # -1 = auto-detect
+  s.cpu_collectives = "gloo"  # CPU-only jobs: gloo | mpi (cross-process all-reduce)
+  return s
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
@@ -173,10 +188,33 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
   return TransformerConfig(vocab_size=vocab_size, **config.model.to_dict())
 
 
+# Keys of a parsing run that lived in the generic sections before the parsing task had its own
+# section: (section, key) then -> the key of config.parsing now.
+LEGACY_PARSING_KEYS = {
+    ("data", "tree_closing"): "tree_closing",
+    ("data", "tree_words"): "tree_words",
+    ("data", "tree_order"): "tree_order",
+    ("data", "word_dropout"): "word_dropout",
+    ("train", "word_loss"): "word_loss",
+    ("eval", "tree_constraints"): "tree_constraints",
+}
+
+
 def from_saved(saved: dict) -> ml_collections.ConfigDict:
-  """A run's config from its `config.json` (a dict), on top of today's defaults: a key the run
-  did not save takes its default value."""
-  config = default_config()
+  """A run's config from its `config.json` (a dict), on top of today's defaults of its task: a
+  key the run did not save takes its default value, and a key saved where an older layout kept
+  it (LEGACY_PARSING_KEYS) moves to where it lives now."""
+  from transformer_jax import tasks  # tasks import this module
+
+  saved = json.loads(json.dumps(saved))  # a deep copy, to move keys in
+  task = tasks.saved_task(saved)
+  saved["task"] = task
+  for (section, key), new_key in LEGACY_PARSING_KEYS.items():
+    if key in saved.get(section, {}):
+      value = saved[section].pop(key)
+      if task == "parsing":  # a translation run saved them at their defaults: nothing to keep
+        saved.setdefault("parsing", {})[new_key] = value
+  config = default_config(task)
   config.update(saved)
   return config
 
@@ -185,52 +223,53 @@ class ConfigError(errors.UserError):
   """A config value is wrong; the message names the key."""
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Fails fast, naming the key, on values no run could use. Called before any compute."""
+Check = Callable[[bool, str, str], None]  # check(ok, "section.key", message)
+
+
+def checker(config: ml_collections.ConfigDict) -> Check:
+  """`check(ok, key, message)`: a ConfigError naming `config.key` and its value unless ok."""
 
   def check(ok: bool, key: str, message: str):
     if not ok:
       raise ConfigError(f"config.{key}={config_value(config, key)!r}: {message}")
 
+  return check
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Fails fast, naming the key, on values no run could use. Called before any compute. Each
+  section has its checks; the task checks its own section and what it needs of the others."""
+  from transformer_jax import tasks  # tasks import this module
+
+  check = checker(config)
+  names = tasks.names()
+  check(config.task in names, "task", f"expected one of {names} (or a task registered first)")
+  task = tasks.get(config.task)
+  validate_model(config)
+  validate_data(config, check, task.sources)
+  validate_train(config, check)
+  validate_eval(config, check)
+  validate_devices(config, check)
+  task.validate(config, check)
+
+
+def validate_model(config: ml_collections.ConfigDict) -> None:
   try:
     model_config(config, vocab_size=64)  # the model's own checks, with a placeholder vocab
   except ConfigError:
     raise
   except (TypeError, ValueError) as e:  # TypeError: a None where the field needs a number
     raise ConfigError(f"config.model: {e}") from e
-  try:
-    xla_flags.parse(config.xla_flags)
-  except ValueError as e:
-    raise ConfigError(f"config.xla_flags={config.xla_flags!r}: {e}") from e
-  d, t, e = config.data, config.train, config.eval
-  check(d.source in SOURCES, "data.source", f"expected one of {SOURCES}")
+
+
+def validate_data(config: ml_collections.ConfigDict, check: Check, sources: tuple) -> None:
+  d = config.data
+  check(d.source in sources, "data.source", f"the {config.task} task reads one of {sources}")
   if d.source == "text":
     check(bool(d.path), "data.path", "the text source needs a directory of parallel files")
     check(os.path.isdir(d.path), "data.path", "is not a directory")
-  if d.source == "ptb":  # whether it exists is checked when it is read: parsing needs no trees
-    check(bool(d.path), "data.path", "the ptb source needs a directory of .mrg tree files")
-  check(d.tree_closing in ("labeled", "bare"), "data.tree_closing", "expected 'labeled' or 'bare'")
-  check(
-      d.tree_order in ("top_down", "in_order"),
-      "data.tree_order",
-      "expected 'top_down' or 'in_order'",
-  )
-  check(0.0 <= d.word_dropout < 1.0, "data.word_dropout", "must be in [0, 1)")
-  check(
-      config.train.word_loss in ("exact", "any"),
-      "train.word_loss",
-      f"{config.train.word_loss!r}: expected 'exact' or 'any'",
-  )
-  check(
-      config.train.word_loss == "exact" or (d.source == "ptb" and d.tree_words),
-      "train.word_loss",
-      "'any' scores the words a parsing target writes: ptb runs with data.tree_words=True only",
-  )
-  check(
-      d.word_dropout == 0.0 or d.source == "ptb",
-      "data.word_dropout",
-      "word dropout reads words as the ptb source's unknown-word classes: ptb runs only",
-  )
+  if d.source == "tfds":
+    check(bool(d.tfds_name), "data.tfds_name", "the tfds source needs a dataset name")
   check(d.max_len >= 2, "data.max_len", "must be >= 2 (a token plus EOS)")
   check(
       d.max_len <= config.model.max_len,
@@ -239,7 +278,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   )
   if d.cache_dir:  # a directory for prepared corpora, made if missing; a file in the way fails
     try:
-      cli.check_directory(d.cache_dir, "config.data.cache_dir")
+      files.check_directory(d.cache_dir, "config.data.cache_dir")
     except errors.UserError as e:
       raise ConfigError(
           f"{e}; give a directory for prepared corpora (or '' for the default)"
@@ -258,14 +297,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
       f"must be 0, or in [2, data.max_len={d.max_len}] with data.packing=True",
   )
   check(d.spm_max_sentences >= 1, "data.spm_max_sentences", "must be >= 1")
-  if d.source == "tfds":
-    check(bool(d.tfds_name), "data.tfds_name", "the tfds source needs a dataset name")
   check(
       d.tokens_per_batch >= d.max_len,
       "data.tokens_per_batch",
       f"must hold at least one sequence of data.max_len={d.max_len} tokens",
   )
   check(d.vocab_size >= 8, "data.vocab_size", "must be >= 8")
+
+
+def validate_train(config: ml_collections.ConfigDict, check: Check) -> None:
+  t = config.train
   check(t.num_steps >= 1, "train.num_steps", "must be >= 1")
   check(t.warmup_steps >= 1, "train.warmup_steps", "must be >= 1")
   check(t.lr_multiplier > 0, "train.lr_multiplier", "must be > 0")
@@ -290,17 +331,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
       f"must be in [0, train.keep_checkpoints={t.keep_checkpoints}]: only kept checkpoints average",
   )
   check(t.max_train_minutes >= 0, "train.max_train_minutes", "must be >= 0 (0 = no budget)")
+
+
+def validate_eval(config: ml_collections.ConfigDict, check: Check) -> None:
+  e = config.eval
   check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
   check(e.num_sentences >= 1, "eval.num_sentences", "must be >= 1")
   check(e.max_decode_extra >= 1, "eval.max_decode_extra", "must be >= 1")
   check(e.beam_size >= 1, "eval.beam_size", "must be >= 1 (1 = greedy)")
   check(e.alpha >= 0, "eval.alpha", "must be >= 0")
   check(e.shapes in batch_shapes.NAMES, "eval.shapes", f"must be one of {batch_shapes.NAMES}")
-  check(
-      not e.tree_constraints or config.data.source == "ptb",
-      "eval.tree_constraints",
-      "applies to parsing runs only (data.source='ptb')",
-  )
+
+
+def validate_devices(config: ml_collections.ConfigDict, check: Check) -> None:
+  """The mesh, its sharding rules, the processes of a multi-host run and XLA's flags."""
   for axis in config.mesh:
     check(
         config.mesh[axis] == -1 or config.mesh[axis] >= 1,
@@ -332,6 +376,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "distributed.cpu_collectives",
       "expected 'gloo' or 'mpi'",
   )
+  try:
+    xla_flags.parse(config.xla_flags)
+  except ValueError as e:
+    raise ConfigError(f"config.xla_flags={config.xla_flags!r}: {e}") from e
 
 
 def config_value(config: ml_collections.ConfigDict, dotted: str):

@@ -12,6 +12,8 @@ import socket
 import tempfile
 from collections.abc import Callable
 
+from transformer_jax import errors
+
 
 def atomic_write(path: str, write: Callable[[str], object]) -> None:
   """`write(tmp_path)`, then a rename to `path`; the temporary file is removed on failure."""
@@ -66,3 +68,18 @@ def _pid_alive(pid: str) -> bool:
   except PermissionError:
     return True
   return True
+
+
+def check_directory(path: str, flag: str = "--workdir") -> None:
+  """A UserError unless `path` is a directory or can become one: no file stands at it or at any
+  of its parents. Nothing is made."""
+  current = os.path.abspath(path)
+  while not os.path.exists(current):
+    parent = os.path.dirname(current)
+    if parent == current:
+      return
+    current = parent
+  if not os.path.isdir(current):
+    if current == os.path.abspath(path):
+      raise errors.UserError(f"{flag} {path} is a file, not a directory (a new one or a run's)")
+    raise errors.UserError(f"{flag} {path}: {current} is a file, not a directory")

@@ -13,8 +13,9 @@ under a TOP node, as EVALB reads it:
 
 The search is the run's (§6.3: beam 21, α 0.3, output length up to input + 300) unless the flags
 say otherwise; `--tree_constraints` makes it write only well-formed trees over the sentence's
-words (tree_constraint.py; default: the run's `eval.tree_constraints`). An output that is not a
-well-formed tree is repaired by data/trees.py's rule, and how many were is printed to stderr.
+words (tree_constraint.py; default: the run's `parsing.tree_constraints`). An output that is not
+a well-formed tree is repaired by tasks/parsing/trees.py's rule, and how many were is printed to
+stderr.
 The whole input is checked before the model is loaded: an empty line, a line with more words
 than the model reads (config.data.max_len - 1) or a line that is not UTF-8 stops the program
 with one `error:` line naming the line.
@@ -57,11 +58,11 @@ def _define_flags():
 
 def read_sentences(stream, name: str, max_words: int) -> list[list[str]]:
   """The words of every line of `stream` (binary); a UserError names the first bad line."""
-  from transformer_jax import parsing, translate
+  from transformer_jax.tasks.parsing import scoring
 
   sentences = []
-  for number, line in enumerate(translate.read_lines(stream, name), start=1):
-    words = parsing.sentence_words(line)
+  for number, line in enumerate(cli.read_lines(stream, name), start=1):
+    words = scoring.sentence_words(line)
     if not words:
       raise errors.UserError(
           f"{name} line {number} is empty: give one sentence per line, its words separated by "
@@ -78,22 +79,25 @@ def read_sentences(stream, name: str, max_words: int) -> list[list[str]]:
 
 def parse_sentences(run, sentences: list[list[str]], beam_size=None, alpha=None):
   """`trees.Restored` of each sentence (words), in order, decoded by a loaded parsing run."""
-  from transformer_jax import parsing
-  from transformer_jax.data import ptb, trees
+  from transformer_jax.tasks.parsing import ptb, scoring, trees
 
   known = set(run.tokenizer.words)
   encoded = [ptb.encode_words(run.tokenizer, known, words) for words in sentences]
   hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha)
-  linearization = trees.Linearization.from_config(run.config.data)
-  return parsing.to_trees(hypotheses, sentences, linearization)
+  linearization = trees.Linearization.from_config(run.config.parsing)
+  return scoring.to_trees(hypotheses, sentences, linearization)
 
 
 def main(argv):
   args = cli.workdir_args(argv)
   tasks.check_command(args.workdir, "parse")  # a translation run: one line naming translate
-  from transformer_jax import compilation, inference, saved_programs  # heavy (JAX): not for --help
+  from transformer_jax.decoding import compilation, saved_programs  # heavy (JAX): not for --help
+  from transformer_jax.runs import inference  # heavy (JAX): not for --help
 
-  config = inference.load_config(args.workdir, args.beam_size, args.alpha, args.tree_constraints)
+  overrides = {}
+  if args.tree_constraints is not None:
+    overrides["parsing.tree_constraints"] = args.tree_constraints
+  config = inference.load_config(args.workdir, args.beam_size, args.alpha, overrides=overrides)
   if args.input:
     try:
       with open(args.input, "rb") as f:
@@ -105,7 +109,7 @@ def main(argv):
   cache = compilation.enable_cache(args.compilation_cache)
   run = inference.load_run(
       args.workdir, args.checkpoint, args.beam_size, args.alpha,
-      tree_constraints=args.tree_constraints, shapes=args.shapes,
+      shapes=args.shapes, overrides=overrides,
   )  # fmt: skip
   saved = saved_programs.attach(run.predictor, cache)  # a later call traces nothing
   logging.info(
@@ -114,7 +118,7 @@ def main(argv):
       run.checkpoint,
       run.beam_size,
       run.alpha,
-      run.config.eval.tree_constraints,
+      run.config.parsing.tree_constraints,
   )
   with compilation.CompileLog() as log:
     restored = parse_sentences(run, sentences)
@@ -128,7 +132,7 @@ def main(argv):
   print(compilation.summary(log, cache, saved), file=sys.stderr)
   print(
       f"parsed {len(restored)} sentences; {repaired} outputs were not well-formed trees and "
-      "were repaired (data/trees.py)",
+      "were repaired (tasks/parsing/trees.py)",
       file=sys.stderr,
   )
   sys.stdout.flush()

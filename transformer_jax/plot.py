@@ -23,7 +23,7 @@ import os
 
 from absl import app, flags
 
-from transformer_jax import cli
+from transformer_jax import cli, figures
 from transformer_jax.errors import UserError
 
 SERIES = (  # (name, record kind, key, panel, line style)
@@ -101,21 +101,9 @@ def curves(records: list[dict], x: str = "step") -> dict[str, tuple[list[float],
   return series
 
 
-def pyplot():
-  """matplotlib.pyplot drawing to files (no display needed), or an error saying what to install."""
-  try:
-    import matplotlib
-  except ImportError:
-    raise ImportError("plotting needs matplotlib: pip install -e '.[plots]'") from None
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  return plt
-
-
 def plot(runs: dict[str, list[dict]], output: str, x: str = "step") -> None:
   """Draws every run's curves on four shared panels and writes `output` (PNG)."""
-  plt = pyplot()
+  plt = figures.pyplot()
   figure, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
   for color, (label, records) in enumerate(runs.items()):
     series = curves(records, x)
@@ -158,22 +146,6 @@ def summary(workdir: str, records: list[dict]) -> dict:
   return out
 
 
-def check_output(output: str) -> None:
-  """A figure file matplotlib can write at `output`, or a UserError naming --output."""
-  pyplot()  # matplotlib, or the error saying what to install
-  from matplotlib.backend_bases import FigureCanvasBase
-
-  directory = os.path.dirname(output) or "."
-  extension = os.path.splitext(output)[1].lstrip(".").lower()
-  formats = FigureCanvasBase.get_supported_filetypes()
-  if os.path.isdir(output):
-    raise UserError(f"--output {output} is a directory; give a file name such as curves.png")
-  if not os.path.isdir(directory):
-    raise UserError(f"--output {output}: the directory {directory} does not exist")
-  if extension not in formats:
-    raise UserError(f"--output {output}: expected a name ending in .{', .'.join(formats)}")
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -190,7 +162,7 @@ def main(argv):
         "not tell them apart"
     )
   output = args.output or os.path.join(args.workdir[0], "curves.png")
-  check_output(output)
+  figures.check_output(output)
   plot(runs, output, args.x)
   print(
       json.dumps(

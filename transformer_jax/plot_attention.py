@@ -21,9 +21,9 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from transformer_jax import cli, errors, plot
+from transformer_jax import cli, errors, figures
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
-from transformer_jax.model import Transformer
+from transformer_jax.model.transformer import Transformer
 
 KINDS = (  # (module path inside a layer, figure row title)
     ("encoder", "self_attention", "encoder self-attention"),
@@ -70,7 +70,7 @@ def token_labels(tokenizer, ids) -> list[str]:
 
 def draw(maps: dict[str, np.ndarray], layer: int, labels: dict[str, list[str]], output: str):
   """One row per attention kind of `layer`, one column per head; writes `output` (PNG)."""
-  plt = plot.pyplot()
+  plt = figures.pyplot()
   rows = [
       (title, maps[f"{stack}/layer_{layer}/{name}"], stack, name) for stack, name, title in KINDS
   ]
@@ -109,13 +109,13 @@ def figure_for_sentence(
     output: str = "",
 ) -> dict:
   """Translates `sentence` with the run in `workdir` and draws one layer's attention."""
-  from transformer_jax import inference  # heavy; keeps --help fast
+  from transformer_jax.runs import inference  # heavy; keeps --help fast
 
   if not sentence.strip():
     raise errors.UserError("--sentence is empty: give the source sentence to translate")
   output = output or os.path.join(workdir, "attention.png")
   if os.path.isdir(workdir):  # else load_run names the workdir's problem
-    plot.check_output(output)  # before the run is loaded and the sentence translated
+    figures.check_output(output)  # before the run is loaded and the sentence translated
   run = inference.load_run(workdir, which, beam_size=beam_size)
   layers = run.model_config.num_layers
   if not (run.model_config.decoder_layers == layers and -layers <= layer < layers):
@@ -150,7 +150,7 @@ def main(argv):
     result = figure_for_sentence(
         args.workdir, args.sentence, args.layer, args.checkpoint, args.beam_size, args.output
     )
-  except ImportError as e:  # matplotlib missing: plot.pyplot says what to install
+  except ImportError as e:  # matplotlib missing: figures.pyplot says what to install
     raise errors.UserError(str(e)) from None
   print(json.dumps(result, ensure_ascii=False))
 

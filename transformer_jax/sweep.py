@@ -38,7 +38,7 @@ from transformer_jax import config as config_lib
 from transformer_jax.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PREEMPTED = 143  # train.py's exit status after a SIGTERM (transformer_jax.preemption)
+PREEMPTED = 143  # train.py's exit status after a SIGTERM (transformer_jax.training.preemption)
 
 
 def _define_flags():

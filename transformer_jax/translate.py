@@ -35,27 +35,11 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 from absl import flags
 
 from transformer_jax import cli, errors, tasks
-
-
-def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
-  """The lines of a binary stream as text, without their line ends ("\\n" or "\\r\\n").
-
-  A line that is not UTF-8 raises errors.UserError naming `name` and the line number.
-  """
-  for number, raw in enumerate(stream, start=1):
-    try:
-      line = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise errors.UserError(
-          f"{name} line {number} is not valid UTF-8 (byte {raw[e.start]:#04x} at column "
-          f"{e.start + 1}: {e.reason}); convert the input to UTF-8, e.g. with iconv"
-      ) from None
-    yield line.rstrip("\n").rstrip("\r")
 
 
 def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -127,7 +111,8 @@ def main(argv):
     cli.check_output_file(args.output)  # before the run is loaded and anything translated
   import jax  # heavy; keeps --help fast
 
-  from transformer_jax import compilation, inference, saved_programs
+  from transformer_jax.decoding import compilation, saved_programs
+  from transformer_jax.runs import inference
 
   cache = compilation.enable_cache(args.compilation_cache)
   run = inference.load_run(
@@ -151,7 +136,7 @@ def main(argv):
   try:
     with compilation.CompileLog() as log:
       lines, sentences, decode_seconds = _translate_stream(
-          run, read_lines(source, name), target if writer else None, args
+          run, cli.read_lines(source, name), target if writer else None, args
       )
   finally:
     if source is not sys.stdin.buffer:

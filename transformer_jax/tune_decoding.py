@@ -8,10 +8,10 @@
 scored with sacreBLEU; the pair with the best validation BLEU (on ties the smaller beam, then the
 smaller α) then decodes the test split once. Prints one JSON line and writes it to
 `DIR/decoding_sweep.json`, with the test translations in `DIR/test_translations.tuned.txt`. A
-parsing run (§6.3, data.source=ptb) is scored by EVALB's F1 instead (parsing.py), and its test
+parsing run (§6.3, config.task=parsing) is scored by EVALB's F1 instead (scoring.py), and its test
 parses go to `DIR/test_trees.tuned.mrg` (§6.3 chose the beam size on section 22); with
 `--tree_constraints false,true` it also tries the search with and without
-`eval.tree_constraints` (tree_constraint.py; on ties, without). Put the chosen values in the
+`parsing.tree_constraints` (tree_constraint.py; on ties, without). Put the chosen values in the
 config (`eval.beam_size`, `eval.alpha`, ...) so the run's own final evaluation uses them.
 """
 
@@ -24,7 +24,8 @@ import pathlib
 
 from absl import flags
 
-from transformer_jax import cli, errors, evaluate, files
+from transformer_jax import cli, errors, files
+from transformer_jax.tasks import bleu
 
 
 def _define_flags():
@@ -38,14 +39,17 @@ def _define_flags():
   flags.DEFINE_string(
       "tree_constraints",
       "",
-      "Parsing runs: comma-separated true/false values of eval.tree_constraints to try; "
+      "Parsing runs: comma-separated true/false values of parsing.tree_constraints to try; "
       "default: the run's.",
   )
 
 
 def _score(hypotheses: list[str], references: list[str]) -> dict:
-  bleu = evaluate.corpus_bleu(hypotheses, references)
-  return {"bleu": float(bleu.score), "length_ratio": float(bleu.sys_len / max(bleu.ref_len, 1))}
+  corpus = bleu.corpus_bleu(hypotheses, references)
+  return {
+      "bleu": float(corpus.score),
+      "length_ratio": float(corpus.sys_len / max(corpus.ref_len, 1)),
+  }
 
 
 def tune(
@@ -60,11 +64,11 @@ def tune(
   `beam_sizes` None or empty: the run's own `eval.beam_size` only. The run is loaded once; α is
   an argument of its compiled search, so the search compiles once per (batch shape, beam size)
   however many α are tried (`search_compilations` in the result). `tree_constraints` (parsing
-  runs only; None or empty: the run's own setting) are the values of `eval.tree_constraints`
+  runs only; None or empty: the run's own setting) are the values of `parsing.tree_constraints`
   to try.
   """
-  from transformer_jax import inference  # heavy (JAX); keeps --help fast
   from transformer_jax.data import pipeline
+  from transformer_jax.runs import inference  # heavy (JAX); keeps --help fast
 
   if not alphas:
     raise errors.UserError("no α to try: --alphas is empty")
@@ -73,8 +77,10 @@ def tune(
   if beam_sizes and any(k < 1 for k in beam_sizes):
     raise errors.UserError(f"--beam_sizes={beam_sizes}: a beam size must be >= 1")
   run = inference.load_run(workdir, which)
-  if tree_constraints and run.config.data.source != "ptb":
-    raise errors.UserError("--tree_constraints applies to parsing runs (data.source='ptb') only")
+  if tree_constraints and run.config.task != "parsing":
+    raise errors.UserError(
+        "--tree_constraints applies to parsing runs (config.task='parsing') only"
+    )
   dataset = pipeline.load_dataset(run.config, workdir)  # reuses the run's vocabulary
   valid, test = dataset.splits["eval"], dataset.splits["test"]
   lang = run.config.data.target_lang
@@ -83,9 +89,11 @@ def tune(
   def decode(beam, alpha, split, run=run):
     return run.translate_ids([s for s, _ in split.examples], beam_size=beam, alpha=alpha)
 
-  if run.config.data.source == "ptb":  # §6.3: beam and α chosen on validation F1 (EVALB)
-    values = tree_constraints or [run.config.eval.tree_constraints]
-    runs = {value: run.with_tree_constraints(value) for value in values}  # parameters shared
+  if run.config.task == "parsing":  # §6.3: beam and α chosen on validation F1 (EVALB)
+    values = tree_constraints or [run.config.parsing.tree_constraints]
+    runs = {
+        v: run.with_overrides({"parsing.tree_constraints": v}) for v in values
+    }  # parameters shared
     return _tune_parsing(workdir, runs, decode, valid, test, alphas, beams)
 
   sweep = []
@@ -116,9 +124,9 @@ def tune(
       **_chosen(workdir, run, sweep, best),
       "test_bleu": test_scores["bleu"],
       "test_length_ratio": test_scores["length_ratio"],
-      "test_tokenized_bleu": float(evaluate.tokenized_bleu(hypotheses, references, lang).score),
+      "test_tokenized_bleu": float(bleu.tokenized_bleu(hypotheses, references, lang).score),
       "test_tokenized_bleu_lowercase": float(
-          evaluate.tokenized_bleu(hypotheses, references, lang, lowercase=True).score
+          bleu.tokenized_bleu(hypotheses, references, lang, lowercase=True).score
       ),
       "test_sentences": len(references),
       "search_compilations": run.predictor.searches(),
@@ -148,18 +156,17 @@ def _chosen(workdir, run, sweep: list[dict], best: dict) -> dict:
 
 def _tune_parsing(workdir, runs: dict, decode, valid, test, alphas, beams) -> dict:
   """`tune` for a parsing run: validation F1 per (tree constraints, beam, α), `runs` holding
-  the loaded run for each `eval.tree_constraints` value to try; test_trees.tuned.mrg."""
-  from transformer_jax import parsing
-  from transformer_jax.data import trees
+  the loaded run for each `parsing.tree_constraints` value to try; test_trees.tuned.mrg."""
+  from transformer_jax.tasks.parsing import scoring, trees
 
   run = next(iter(runs.values()))
-  linearization = trees.Linearization.from_config(run.config.data)
+  linearization = trees.Linearization.from_config(run.config.parsing)
   sweep = []
   for constrained, loaded in runs.items():
     for beam in beams:
       for alpha in alphas:
         hypotheses = decode(beam, alpha, valid, loaded)
-        scores = parsing.scores(hypotheses, valid.pairs, linearization)[0]
+        scores = scoring.scores(hypotheses, valid.pairs, linearization)[0]
         sweep.append(
             {
                 "tree_constraints": constrained,
@@ -180,7 +187,7 @@ def _tune_parsing(workdir, runs: dict, decode, valid, test, alphas, beams) -> di
   )
   chosen = runs[best["tree_constraints"]]
   hypotheses = decode(best["beam_size"], best["alpha"], test, chosen)
-  test_scores = parsing.test_results(
+  test_scores = scoring.test_results(
       hypotheses, test.pairs, linearization, workdir, trees_file="test_trees.tuned.mrg"
   )
   result = {

@@ -1,14 +1,13 @@
-"""From `config.data` to a tokenizer and tokenized splits: the one place sources are chosen.
+"""From `config.data` to a tokenizer and tokenized splits.
 
 `load_dataset(config, workdir)` returns a `Dataset` holding the tokenizer and, per split, the raw
-sentence pairs (for BLEU references) and their token ids (for batching). The trainer, the
-evaluation code and the benchmarks all go through here.
+pairs (for the references) and their token ids (for batching). The trainer, the evaluation code
+and the benchmarks all go through here; the run's task (tasks/) reads its data.
 
-Sources (`config.data.source`):
+The parallel corpora (`load_corpus`, `config.data.source`):
   synthetic  the generated task of data/synthetic.py, with its fixed word vocabulary, in memory
   text       a directory of line-aligned `{split}.{lang}` files (data/text.py)
   tfds       a TFDS translation dataset such as 'wmt14_translate/de-en' (data/tfds_source.py)
-  ptb        Penn Treebank trees as (words, linearized tree) pairs, §6.3 parsing (data/ptb.py)
 
 Real corpora (text, tfds) are prepared once into `config.data.cache_dir` (data/prepared.py): one
 joint SentencePiece model (§3.4, §5.1: source and target share one vocabulary) trained on a random
@@ -35,13 +34,14 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from transformer_jax import distributed, errors, files
-from transformer_jax.data import batching, prepared, ptb, synthetic, tfds_source
+from transformer_jax import errors, files
+from transformer_jax.data import batching, prepared, synthetic, tfds_source
 from transformer_jax.data.tokenizer import (
     SentencePieceTokenizer,
     Tokenizer,
     WordTokenizer,
 )
+from transformer_jax.parallel import distributed
 
 Pair = tuple[str, str]
 
@@ -102,7 +102,26 @@ def load_dataset(
     workdir: str | None = None,
     splits: Sequence[str] = SPLIT_KEYS,
 ) -> Dataset:
-  """Gets the workdir's vocabulary (or makes it) and the tokenized `splits` of the source.
+  """Gets the workdir's vocabulary (or makes it) and the tokenized `splits` of the run's data,
+  as its task reads them (`config.task`: tasks/, whose `load_dataset` does the reading)."""
+  from transformer_jax import tasks  # the registry: no task is named here
+
+  if workdir is not None:
+    os.makedirs(workdir, exist_ok=True)
+  dataset = tasks.get(config.task).load_dataset(config, workdir, splits)
+  if "train" in dataset.splits and not len(dataset.splits["train"].examples):
+    raise errors.UserError(f"config.data: the {config.data.source} source gave no training pairs")
+  for name, split in dataset.splits.items():
+    logging.info("data: %s split has %d pairs", name, len(split.examples))
+  return dataset
+
+
+def load_corpus(
+    config: ml_collections.ConfigDict,
+    workdir: str | None = None,
+    splits: Sequence[str] = SPLIT_KEYS,
+) -> Dataset:
+  """The parallel corpus of a synthetic, text or tfds source: its vocabulary and `splits`.
 
   Real corpora are prepared into config.data.cache_dir (default: `default_cache_dir(workdir)`)
   unless already there. `workdir=None` with no cache_dir (notebooks, tests) keeps nothing: the
@@ -110,8 +129,6 @@ def load_dataset(
   """
   d = config.data
   start = time.perf_counter()
-  if workdir is not None:
-    os.makedirs(workdir, exist_ok=True)
   if d.source == "synthetic":
     task = synthetic.SyntheticTask(
         seed=d.synthetic_seed,
@@ -125,29 +142,14 @@ def load_dataset(
     for key in splits:
       pairs = task.pairs(names[key])
       out[key] = Split(pairs, [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in pairs])
-    dataset = Dataset(tokenizer, out, {"prepare": 0.0, "open": time.perf_counter() - start})
-  elif d.source in ("text", "tfds"):
+    return Dataset(tokenizer, out, {"prepare": 0.0, "open": time.perf_counter() - start})
+  if d.source in ("text", "tfds"):
     cache_dir = d.cache_dir
     if cache_dir or workdir is not None:
-      dataset = _load_prepared(config, workdir, cache_dir or default_cache_dir(workdir), splits)
-    else:
-      with tempfile.TemporaryDirectory() as tmp:  # memory maps outlive the unlinked files
-        dataset = _load_prepared(config, None, tmp, splits)
-  elif d.source == "ptb":
-    start = time.perf_counter()
-    vocab_path = os.path.join(workdir, WORD_VOCAB) if workdir else None
-    tokenizer, loaded = ptb.load_splits(config, vocab_path, splits)
-    out = {key: Split(pairs, examples) for key, (pairs, examples) in loaded.items()}
-    dataset = Dataset(tokenizer, out, {"prepare": 0.0, "open": time.perf_counter() - start})
-  else:
-    raise errors.UserError(
-        f"config.data.source={d.source!r}: expected 'synthetic', 'text', 'tfds' or 'ptb'"
-    )
-  if "train" in dataset.splits and not len(dataset.splits["train"].examples):
-    raise errors.UserError(f"config.data: the {d.source} source gave no training pairs")
-  for name, split in dataset.splits.items():
-    logging.info("data: %s split has %d pairs", name, len(split.examples))
-  return dataset
+      return _load_prepared(config, workdir, cache_dir or default_cache_dir(workdir), splits)
+    with tempfile.TemporaryDirectory() as tmp:  # memory maps outlive the unlinked files
+      return _load_prepared(config, None, tmp, splits)
+  raise errors.UserError(f"config.data.source={d.source!r}: expected 'synthetic', 'text' or 'tfds'")
 
 
 def split_sources(

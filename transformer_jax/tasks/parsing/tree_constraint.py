@@ -1,6 +1,6 @@
 """Decoding that can only write well-formed trees over the input's words (§6.3 parsing runs).
 
-`config.eval.tree_constraints` (off by default; not in the paper: §6.3 and Vinyals et al. 2015
+`config.parsing.tree_constraints` (off by default; not in the paper: §6.3 and Vinyals et al. 2015
 decode freely and repair what comes out): at every step of the greedy or beam search, the tokens
 that would leave the output something other than a prefix of a well-formed linearization
 (data/trees.py) over the input sentence get probability 0, and the model's distribution over the
@@ -13,13 +13,13 @@ far, a token is legal if it is
     `max_open_run` (10) in a row (the Penn Treebank sample's longest run is 6: this only stops
     a model's endless unary chains, `(NX (NX (NX ...`);
   * a tag `(NNP)`: without words in the output, while words remain; with them
-    (`data.tree_words`), right after a word and only then. The tag of a punctuation word
+    (`parsing.tree_words`), right after a word and only then. The tag of a punctuation word
     (`,` `.` `:` `--` quotes ...; data/trees.py's table) is one of the punctuation tags that
     EVALB deletes (COLLINS.prm: `,` `.` `:` ``` `` ``` `''`) or POS (`'` is one), and no other
     word gets those: the model chooses among them, and EVALB, which deletes punctuation by each
     tree's own tags, then sees the gold tree's words (the Penn Treebank sample breaks the rule
     once in 73,842 words);
-  * a word (`data.tree_words` only): the input's next word itself (its token id), when no word
+  * a word (`parsing.tree_words` only): the input's next word itself (its token id), when no word
     waits for its tag — the model chooses where words go, never which: the forced word gets the
     model's probability of writing any word there (the sum over the vocabulary's words), not
     its probability of that word, which a decoder that has not learned to copy puts far too low
@@ -28,7 +28,7 @@ far, a token is legal if it is
     bare), once that phrase holds a word;
   * EOS: once every word is written and tagged and every phrase closed.
 
-In order (`data.tree_order="in_order"`, where a phrase's opening follows its first child), the
+In order (`parsing.tree_order="in_order"`, where a phrase's opening follows its first child), the
 same rules hold but for where phrases open and words go, as in a shift-reduce parser: an opening
 bracket only right after a finished node (a tag, or a closing) and also once every word is
 written, a word or tag only inside an open phrase (or first of all), and a closing bracket as
@@ -39,7 +39,7 @@ word goes beside them at the top (a flat forest, which restores with one counted
 
 Anything else (reserved ids, other words) is never legal. There is always a legal token, and
 every output restores with no repair (data/trees.py) as long as the limit leaves room for the
-sentence's own tree: a tag per word (two tokens per word with `data.tree_words`) and EOS, which
+sentence's own tree: a tag per word (two tokens per word with `parsing.tree_words`) and EOS, which
 §6.3's input + 300 does for every sentence up to 300 words. The state is recomputed from each
 hypothesis' tokens (depth, words written, innermost phrase), so the searches carry nothing new:
 `decode.Greedy` and `decode.Beam` call the constraint on their prefixes as they are.
@@ -57,9 +57,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import evalb
-from transformer_jax.data import trees
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS
+from transformer_jax.tasks.parsing import evalb, trees
 
 # The kinds of token ids.
 OTHER, OPEN, CLOSE, TAG, WORD = range(5)
@@ -92,19 +91,19 @@ class TreeConstraint:
 
   kinds: np.ndarray  # [v] int32: OTHER, OPEN, CLOSE, TAG or WORD
   closing: np.ndarray  # [v] int32: an opening bracket's closing token id; -1 for other tokens
-  words: bool  # data.tree_words: each word is written before its tag
+  words: bool  # parsing.tree_words: each word is written before its tag
   punctuation: np.ndarray  # [v] bool: a word whose tag EVALB deletes (trees.punctuation_tag)
   tag_class: np.ndarray  # [v] int32: 1 for the tags EVALB deletes, 2 for POS, 0 otherwise
-  in_order: bool = False  # data.tree_order == "in_order"
+  in_order: bool = False  # parsing.tree_order == "in_order"
   max_open_run: int = 10  # opening brackets in a row (in order: between two words), at most
 
   @classmethod
   def for_vocabulary(
       cls, tokens: Sequence[str], closing: str, words: bool, order: str = "top_down"
   ) -> TreeConstraint:
-    """From the run's vocabulary (id -> token) and its linearization (`data.tree_closing`,
-    `data.tree_words`, `data.tree_order`). A vocabulary without the closing token of one of its
-    phrases is not a tree vocabulary: ValueError."""
+    """From the run's vocabulary (id -> token) and its linearization (`parsing.tree_closing`,
+    `parsing.tree_words`, `parsing.tree_order`). A vocabulary without the closing token of one
+    of its phrases is not a tree vocabulary: ValueError."""
     ids = {token: i for i, token in enumerate(tokens)}
     kinds = np.array([token_kind(t) for t in tokens], np.int32)
     deleted = set(evalb.COLLINS.delete_labels)
@@ -214,7 +213,7 @@ def _at(x: jax.Array, index: jax.Array) -> jax.Array:
 
 def word_set(tokenizer) -> np.ndarray:
   """[v] bool: the vocabulary's words (`token_kind` WORD: words and unknown-word classes), the
-  set `train.word_loss="any"` scores as one target (losses.py)."""
+  set `parsing.word_loss="any"` scores as one target (losses.py)."""
   return np.array([token_kind(t) == WORD for t in _tokens(tokenizer)])
 
 
@@ -224,10 +223,10 @@ def _tokens(tokenizer) -> list[str]:
 
 
 def from_config(config, tokenizer) -> TreeConstraint | None:
-  """The run's constraint (`config.eval.tree_constraints` on a parsing run), or None."""
-  if not config.eval.tree_constraints:
+  """The run's constraint (`config.parsing.tree_constraints` on a parsing run), or None."""
+  if not config.parsing.tree_constraints:
     return None
-  d = config.data
+  p = config.parsing
   return TreeConstraint.for_vocabulary(
-      _tokens(tokenizer), d.tree_closing, d.tree_words, d.tree_order
+      _tokens(tokenizer), p.tree_closing, p.tree_words, p.tree_order
   )

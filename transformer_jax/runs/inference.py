@@ -30,12 +30,15 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpoint, decode, errors, sharding, tree_constraint, xla_flags
 from transformer_jax import config as config_lib
+from transformer_jax import errors, tasks
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.decoding import decode
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import sharding, xla_flags
+from transformer_jax.runs import checkpoint
 
 CHECKPOINT_CHOICES = "a step number, 'latest', 'avg' or 'auto'"
 # Source tokens per translation batch (rows = batch_tokens // bucket length): measured on the
@@ -47,12 +50,12 @@ def load_config(
     workdir: str,
     beam_size: int | None = None,
     alpha: float | None = None,
-    tree_constraints: bool | None = None,
     shapes: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ):
   """The run's saved config (on top of today's defaults), set up to decode on this machine's
-  devices: batch split over all of them, parameters replicated; the eval settings given
-  override the run's."""
+  devices: batch split over all of them, parameters replicated; the eval settings given and
+  `overrides` ({"section.key": value}, e.g. a task's decoding switch) override the run's."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise errors.UserError(f"{workdir} has no config.json: is it the --workdir of a training run?")
@@ -64,13 +67,26 @@ def load_config(
     config.eval.beam_size = beam_size
   if alpha is not None:
     config.eval.alpha = alpha
-  if tree_constraints is not None:
-    config.eval.tree_constraints = tree_constraints
   if shapes is not None:
     config.eval.shapes = shapes
+  set_values(config, overrides or {})
   config_lib.validate(config)
   xla_flags.apply(config.xla_flags)  # no-op once JAX has started (e.g. after training in-process)
   return config
+
+
+def set_values(config: ml_collections.ConfigDict, values: dict[str, Any]) -> None:
+  """Sets each "section.key" of `values` in `config`; a key it does not have is a UserError."""
+  for dotted, value in values.items():
+    *parents, key = dotted.split(".")
+    section = config
+    for part in parents:
+      section = section.get(part)
+      if not isinstance(section, ml_collections.ConfigDict):
+        raise errors.UserError(f"config.{dotted}: this run's config has no such key")
+    if key not in section:
+      raise errors.UserError(f"config.{dotted}: this run's config has no such key")
+    section[key] = value
 
 
 def abstract_params(model_config: TransformerConfig, param_sharding) -> Any:
@@ -124,7 +140,7 @@ def averaged_steps(workdir: str) -> list[int] | None:
     return json.load(f)["steps"]
 
 
-def average_params(workdir: str, abstract: Any, num: int) -> tuple[Any, list[int]]:
+def average_workdir_params(workdir: str, abstract: Any, num: int) -> tuple[Any, list[int]]:
   """§6.1: the mean of the parameters of the last `num` checkpoints (5 for base, 20 for big).
 
   Returns (params float32, steps). Parameters only, one checkpoint at a time beside the sum.
@@ -184,14 +200,15 @@ class LoadedRun:
   def alpha(self) -> float:
     return self.config.eval.alpha
 
-  def with_tree_constraints(self, value: bool) -> LoadedRun:
-    """The same run and parameters, its search with `eval.tree_constraints` set to `value`."""
-    if value == self.config.eval.tree_constraints:
+  def with_overrides(self, overrides: dict[str, Any]) -> LoadedRun:
+    """The same run and parameters, its search built for the config with `overrides`
+    ({"section.key": value}) set (the task's constraint made again)."""
+    if all(config_lib.config_value(self.config, k) == v for k, v in overrides.items()):
       return self
     config = ml_collections.ConfigDict(self.config.to_dict())
-    config.eval.tree_constraints = value
+    set_values(config, overrides)
     config_lib.validate(config)
-    constraint = tree_constraint.from_config(config, self.tokenizer)
+    constraint = tasks.get(config.task).constraint(config, self.tokenizer)
     predictor = eval_predictor(config, self.model_config, constraint)
     return dataclasses.replace(self, config=config, predictor=predictor)
 
@@ -348,17 +365,17 @@ def load_run(
     beam_size: int | None = None,
     alpha: float | None = None,
     devices: Sequence[jax.Device] | None = None,
-    tree_constraints: bool | None = None,
     shapes: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> LoadedRun:
   """Config, vocabulary and parameters of the training run in `workdir`, ready to translate.
 
   `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto" (what the
   run's final evaluation used; see `resolve_checkpoint`). `beam_size`/`alpha` override the run's
-  eval settings (the defaults of `translate_*`), `tree_constraints` its `eval.tree_constraints`
-  (parsing runs: tree_constraint.py) and `shapes` its `eval.shapes` (batch_shapes.py).
+  eval settings (the defaults of `translate_*`), `shapes` its `eval.shapes` (batch_shapes.py)
+  and `overrides` any other key (`load_config`).
   """
-  config = load_config(workdir, beam_size, alpha, tree_constraints, shapes)
+  config = load_config(workdir, beam_size, alpha, shapes, overrides)
   try:
     tokenizer = pipeline.load_workdir_tokenizer(workdir)
   except (FileNotFoundError, ValueError) as e:
@@ -376,16 +393,15 @@ def load_run(
   else:
     params = restore_params(workdir, step, abstract)
     label = f"step {step}"
-  predictor = eval_predictor(config, model_config, tree_constraint.from_config(config, tokenizer))
+  predictor = eval_predictor(
+      config, model_config, tasks.get(config.task).constraint(config, tokenizer)
+  )
   return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)
 
 
-def eval_predictor(
-    config, model_config: TransformerConfig, constraint: tree_constraint.TreeConstraint | None
-) -> decode.Predictor:
-  """The search of a run's eval settings (output limit, beam, α, shapes) with `constraint` (a
-  parsing run's `tree_constraint.from_config`, else None): the final evaluation's and the
-  commands'."""
+def eval_predictor(config, model_config: TransformerConfig, constraint: Any) -> decode.Predictor:
+  """The search of a run's eval settings (output limit, beam, α, shapes) with `constraint` (the
+  task's, tasks/base.py; None for none): the final evaluation's and the commands'."""
   return decode.Predictor(
       model_config,
       config.eval.max_decode_extra,

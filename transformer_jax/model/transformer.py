@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import sharding
-from transformer_jax.attention import (
+from transformer_jax.model.attention import (
     AttentionMask,
     MultiHeadAttention,
     default_kernel_init,
     segment_mask,
 )
-from transformer_jax.model_config import PAD_ID, TransformerConfig
+from transformer_jax.model.config import PAD_ID, TransformerConfig
+from transformer_jax.parallel import sharding
 
 # The JAX policy of each of model_config.REMAT_POLICIES: what a rematerialised layer saves.
 _REMAT_SAVEABLE = {

@@ -9,7 +9,7 @@ Journal article, `wsj_SSAA.mrg` (section SS, article AA), as in the LDC release
     "22"               section 22
     "0001-0159,0170"   articles wsj_0001 to wsj_0159, and wsj_0170 (four digits: articles)
 
-Each tree is read and preprocessed by data/trees.py (empty elements, empty constituents and
+Each tree is read and preprocessed by tasks/parsing/trees.py (empty elements, empty constituents and
 function tags removed; a malformed file stops the run before training, naming file and tree) and
 becomes a pair: the source is its words joined by spaces, the target its linearization. Trees
 with no word left are skipped and counted.
@@ -27,7 +27,7 @@ by their shape and suffix is the classic treatment of rare words in treebank par
 target share the one vocabulary (and the one embedding matrix, §3.4). It is stored in the workdir
 as `vocab.txt` (data.tokenizer.WordTokenizer), and a workdir that has one keeps it.
 
-Word dropout (`config.data.word_dropout`, a deviation, off by default): in each training batch,
+Word dropout (`config.parsing.word_dropout`, a deviation, off by default): in each training batch,
 each vocabulary word is read as its class with that probability, in the source and the target
 alike (`word_class_table`; train.drop_words), so that the model learns more of what a word's
 shape and suffix say than the 3k trees of the sample teach it about each word.
@@ -41,13 +41,16 @@ import os
 import re
 from collections.abc import Sequence
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_jax import distributed, errors
+from transformer_jax import errors
 from transformer_jax import files as files_lib
-from transformer_jax.data import trees
 from transformer_jax.data.tokenizer import RESERVED_TOKENS, WordTokenizer
+from transformer_jax.parallel import distributed
+from transformer_jax.tasks.parsing import trees
 
 _ARTICLE = re.compile(r"(\d{4})\.mrg$")
 MIN_WORD_COUNT = 2  # training words seen fewer times are <unk>
@@ -174,7 +177,7 @@ def word_class_table(tokenizer: WordTokenizer) -> np.ndarray:
   """[v] int32: each vocabulary word's id -> the id of the class a word outside the vocabulary
   would be read as (its fine class if in the vocabulary, else its coarse class, else `<unk>`, as
   `encode_words`); reserved ids, tree tokens and the classes themselves -> themselves. What word
-  dropout (`config.data.word_dropout`) replaces a word with."""
+  dropout (`config.parsing.word_dropout`) replaces a word with."""
   known = set(tokenizer.words)
   table = np.arange(tokenizer.vocab_size, dtype=np.int32)
   for index, word in enumerate(tokenizer.words, start=len(RESERVED_TOKENS)):
@@ -221,7 +224,7 @@ def load_splits(
     if empty:
       logging.info("data: %s split: skipped %d trees with no word but empty elements", key, empty)
     loaded[key] = tree_list
-  linearization = trees.Linearization.from_config(d)
+  linearization = trees.Linearization.from_config(config.parsing)
   if vocab_path and os.path.exists(vocab_path):
     tokenizer = WordTokenizer.load(vocab_path)
     logging.info("data: reusing the vocabulary in %s", vocab_path)
@@ -233,10 +236,23 @@ def load_splits(
   out = {}
   for key in splits:
     pairs = [(" ".join(tree.words()), " ".join(linearization.tokens(tree))) for tree in loaded[key]]
-    # A target's words (data.tree_words) are read as the source's are; tree tokens as they are.
+    # A target's words (parsing.tree_words) are read as the source's are; tree tokens as they are.
     examples = [
         (encode_words(tokenizer, known, s.split()), encode_words(tokenizer, known, t.split()))
         for s, t in pairs
     ]
     out[key] = (pairs, examples)
   return tokenizer, out
+
+
+_WORD_KEYS = ("inputs", "decoder_inputs", "targets")  # the token ids of a batch
+
+
+def drop_words(batch: dict, rng: jax.Array, rate: float, classes) -> dict:
+  """Word dropout (`config.parsing.word_dropout`): each vocabulary word is read,
+  everywhere in this batch, as its class `classes[id]` with probability `rate`. By word rather
+  than by occurrence, so that a target's copy of a word stays the source's."""
+  vocab = classes.shape[0]
+  dropped = jax.random.bernoulli(rng, rate, (vocab,))  # [v]
+  table = jnp.where(dropped, classes, jnp.arange(vocab, dtype=classes.dtype))  # [v]
+  return {k: table[v] if k in _WORD_KEYS else v for k, v in batch.items()}

@@ -39,7 +39,8 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from transformer_jax import decode, files
+from transformer_jax import files
+from transformer_jax.decoding import decode
 
 SUBDIR = "transformer_jax_programs"  # inside the compilation cache directory
 SUFFIX = ".jaxexport"
@@ -50,7 +51,7 @@ PACKAGES = ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")
 # The search's NamedTuples cross the exported programs' boundary: their trees must serialize.
 for _cls in (decode.SearchCarry, decode.GreedyState, decode.BeamState):
   jax.export.register_namedtuple_serialization(
-      _cls, serialized_name=f"transformer_jax.decode.{_cls.__name__}"
+      _cls, serialized_name=f"transformer_jax.decoding.decode.{_cls.__name__}"
   )
 
 
@@ -58,7 +59,7 @@ for _cls in (decode.SearchCarry, decode.GreedyState, decode.BeamState):
 def source_digest() -> str:
   """sha256 of this package's Python source: any code change makes every program new."""
   digest = hashlib.sha256()
-  root = pathlib.Path(__file__).parent
+  root = pathlib.Path(__file__).parents[1]  # the package: decoding/ is one of its folders
   for path in sorted(root.rglob("*.py")):
     digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
   return digest.hexdigest()
@@ -203,7 +204,7 @@ def _first_line(error: BaseException) -> str:
 def predictor_identity(predictor: decode.Predictor) -> str | None:
   """What a Predictor's programs depend on besides their arguments and this package's code: the
   model config, the output limit and the constraint's tables (a dataclass of arrays and
-  settings, as tree_constraint.TreeConstraint); None for another kind of constraint, which
+  settings, as tasks' constraints are); None for another kind of constraint, which
   cannot be keyed."""
   constraint = predictor.constraint
   if constraint is None:

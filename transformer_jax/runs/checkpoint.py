@@ -21,7 +21,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_jax import distributed, errors
+from transformer_jax import errors
+from transformer_jax.parallel import distributed
 
 UNREADABLE_DIR = "checkpoints.unreadable"
 
@@ -155,7 +156,7 @@ def abstract_like(tree, shardings):
   )
 
 
-def average_params(manager: ocp.CheckpointManager, abstract_state, num: int):
+def average_manager_params(manager: ocp.CheckpointManager, abstract_state, num: int):
   """§6.1: the mean of the parameters of the last `num` checkpoints (5 for base, 20 for big).
 
   Returns (params, steps). Only the parameters are averaged; one checkpoint is held at a time

@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import flax
@@ -29,27 +30,14 @@ import numpy as np
 import optax
 import tqdm
 
-from transformer_jax import (
-    checkpoint,
-    cli,
-    distributed,
-    errors,
-    files,
-    inference,
-    losses,
-    optim,
-    parsing,
-    preemption,
-    sharding,
-    tree_constraint,
-    workdir_lock,
-    xla_flags,
-)
+from transformer_jax import cli, errors, files, tasks
 from transformer_jax import config as config_lib
-from transformer_jax import evaluate as evaluate_lib
-from transformer_jax.data import batching, pipeline, ptb, trees
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import PAD_ID, TransformerConfig
+from transformer_jax.data import batching, pipeline
+from transformer_jax.model.config import PAD_ID, TransformerConfig
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import distributed, sharding, xla_flags
+from transformer_jax.runs import checkpoint, inference, workdir_lock
+from transformer_jax.training import losses, optim, preemption
 
 # Keys of a batch the model reads; "targets" feeds the loss only, "index" is host-side only.
 MODEL_KEYS = (
@@ -77,35 +65,22 @@ def _model_kwargs(batch: dict) -> dict:
 
 
 def loss_and_metrics(
-    params, batch, *, model: Transformer, label_smoothing: float, rngs=None, word_set=None
+    params, batch, *, model: Transformer, label_smoothing: float, rngs=None, interchangeable=None
 ):  # fmt: skip
-  """Summed label-smoothed loss over non-pad target tokens, plus metric sums. `word_set` [v]
-  bool: `train.word_loss="any"` (losses.py)."""
+  """Summed label-smoothed loss over non-pad target tokens, plus metric sums. `interchangeable`
+  [v] bool: tokens scored as one class (a task's loss variant, training/losses.py)."""
   logits = model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs)  # [b, t, v]
   weights = (batch["targets"] != PAD_ID).astype(jnp.float32)  # [b, t]
   loss_sum, nll_sum, weight_sum = losses.label_smoothed_cross_entropy(
-      logits, batch["targets"], weights, label_smoothing, word_set
+      logits, batch["targets"], weights, label_smoothing, interchangeable
   )
   metrics = {
       "loss_sum": loss_sum,
       "nll_sum": nll_sum,
-      "correct_sum": losses.token_accuracy(logits, batch["targets"], weights, word_set),
+      "correct_sum": losses.token_accuracy(logits, batch["targets"], weights, interchangeable),
       "weight_sum": weight_sum,
   }
   return loss_sum, metrics
-
-
-_WORD_KEYS = ("inputs", "decoder_inputs", "targets")  # the token ids of a batch
-
-
-def drop_words(batch: dict, rng: jax.Array, rate: float, classes) -> dict:
-  """Word dropout (ptb, `config.data.word_dropout`; data/ptb.py): each vocabulary word is read,
-  everywhere in this batch, as its class `classes[id]` with probability `rate`. By word rather
-  than by occurrence, so that a target's copy of a word stays the source's."""
-  vocab = classes.shape[0]
-  dropped = jax.random.bernoulli(rng, rate, (vocab,))  # [v]
-  table = jnp.where(dropped, classes, jnp.arange(vocab, dtype=classes.dtype))  # [v]
-  return {k: table[v] if k in _WORD_KEYS else v for k, v in batch.items()}
 
 
 def train_step(
@@ -118,20 +93,22 @@ def train_step(
     schedule: optax.Schedule,
     label_smoothing: float,
     grad_accum_steps: int,
-    word_dropout: float = 0.0,
-    word_classes: np.ndarray | None = None,
-    word_set: np.ndarray | None = None,
+    batch_transform: Callable[[dict, jax.Array], dict] | None = None,
+    interchangeable: np.ndarray | None = None,
 ) -> tuple[TrainState, dict]:
   """One update. The gradient is of the loss summed over the batch's target tokens, divided by
   their count: the mean over the whole global batch, however it is split into micro-batches.
-  `word_dropout` > 0 applies `drop_words` with `word_classes` first; `word_set`: see
-  `loss_and_metrics`."""
+  `batch_transform(batch, rng)` (the task's, tasks/base.py) is applied first; `interchangeable`:
+  see `loss_and_metrics`."""
   rng = jax.random.fold_in(dropout_rng, state.step)
-  if word_dropout > 0:  # its own stream: the dropout masks stay those of a run without it
-    batch = drop_words(batch, jax.random.fold_in(rng, 2**31 - 1), word_dropout, word_classes)
+  if batch_transform is not None:  # its own stream: the dropout masks stay those without it
+    batch = batch_transform(batch, jax.random.fold_in(rng, 2**31 - 1))
   grad_fn = jax.grad(
       functools.partial(
-          loss_and_metrics, model=model, label_smoothing=label_smoothing, word_set=word_set
+          loss_and_metrics,
+          model=model,
+          label_smoothing=label_smoothing,
+          interchangeable=interchangeable,
       ),
       has_aux=True,
   )
@@ -175,9 +152,11 @@ def train_step(
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params, batch, *, model: Transformer, label_smoothing: float, word_set=None) -> dict:
+def eval_step(
+    params, batch, *, model: Transformer, label_smoothing: float, interchangeable=None
+) -> dict:
   return loss_and_metrics(
-      params, batch, model=model, label_smoothing=label_smoothing, word_set=word_set
+      params, batch, model=model, label_smoothing=label_smoothing, interchangeable=interchangeable
   )[1]
 
 
@@ -204,17 +183,12 @@ class Trainer:
       config: ml_collections.ConfigDict,
       model_config: TransformerConfig,
       devices: list[jax.Device] | None = None,
-      constraint: tree_constraint.TreeConstraint | None = None,
-      word_classes: np.ndarray | None = None,
-      word_set: np.ndarray | None = None,
+      constraint: Any = None,
+      batch_transform: Callable[[dict, jax.Array], dict] | None = None,
+      interchangeable: np.ndarray | None = None,
   ):
-    """`constraint`: the searches' (parsing runs with `eval.tree_constraints`);
-    `word_classes`: word dropout's classes (`drop_words`), needed if `data.word_dropout` > 0;
-    `word_set` [v] bool: the vocabulary's words, needed if `train.word_loss` is "any"."""
-    if config.data.word_dropout and word_classes is None:
-      raise ValueError("data.word_dropout > 0 needs the vocabulary's word_classes")
-    if config.train.word_loss == "any" and word_set is None:
-      raise ValueError('train.word_loss="any" needs the vocabulary\'s word_set')
+    """`constraint`: the searches'; `batch_transform`, `interchangeable`: `train_step`'s. The
+    run's task supplies all three (tasks/base.py); by default none."""
     self.config = config
     self.model_config = model_config
     self.mesh = sharding.make_mesh(config.mesh, devices)
@@ -250,9 +224,8 @@ class Trainer:
         schedule=self.schedule,
         label_smoothing=config.train.label_smoothing,
         grad_accum_steps=config.train.grad_accum_steps,
-        word_dropout=config.data.word_dropout,
-        word_classes=word_classes,  # [v] int32, a constant of the compiled step
-        word_set=word_set,  # [v] bool, likewise
+        batch_transform=batch_transform,  # its arrays are constants of the compiled step
+        interchangeable=interchangeable,  # [v] bool, likewise
     )
     self._jit_train_step = jax.jit(
         step,
@@ -265,7 +238,7 @@ class Trainer:
             eval_step,
             model=self.eval_model,
             label_smoothing=config.train.label_smoothing,
-            word_set=word_set,
+            interchangeable=interchangeable,
         ),
         in_shardings=(self.state_shardings.params, self.batch_sharding),
         out_shardings=self.replicated,
@@ -318,9 +291,9 @@ class Trainer:
         sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
     return summarize(jax.device_get(sums))
 
-  def translate(self, params, examples, bucket_lengths, tokenizer) -> list[str]:
-    """Translations of `examples`' sources with the run's decoding settings, in order: the
-    path `translate` takes (`inference.translate_sources`). References are never read."""
+  def decode(self, params, examples, bucket_lengths, tokenizer) -> list[str]:
+    """The outputs of `examples`' sources with the run's decoding settings, as text, in order:
+    the path the commands take (`inference.translate_sources`). References are never read."""
     with self._context():
       outputs = inference.translate_sources(
           self.predictor,
@@ -623,11 +596,15 @@ def _open_run(config: ml_collections.ConfigDict, workdir: str, devices) -> _Run:
   iterator, the checkpoint manager and the run's clock."""
   dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
   model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
-  constraint = tree_constraint.from_config(config, dataset.tokenizer)
-  word_classes = ptb.word_class_table(dataset.tokenizer) if config.data.word_dropout else None
-  any_word = config.train.word_loss == "any"
-  word_set = tree_constraint.word_set(dataset.tokenizer) if any_word else None
-  trainer = Trainer(config, model_config, devices, constraint, word_classes, word_set)
+  task, tokenizer = tasks.get(config.task), dataset.tokenizer
+  trainer = Trainer(
+      config,
+      model_config,
+      devices,
+      task.constraint(config, tokenizer),
+      task.batch_transform(config, tokenizer),
+      task.interchangeable_tokens(config, tokenizer),
+  )
   train_iter = train_batches(config, dataset, trainer)
   logging.info(
       "model: %s; %d train pairs (%d truncated); rows per bucket %s; mesh %s",
@@ -750,7 +727,7 @@ def _finish(run: _Run, state: TrainState, facts: dict) -> dict:
     )
     evaluated += f" (not averaged: {held} checkpoints < train.average_last={t.average_last})"
   elif t.average_last:
-    params, steps = checkpoint.average_params(
+    params, steps = checkpoint.average_manager_params(
         run.manager, run.trainer.abstract_state(), t.average_last
     )
     checkpoint.save_averaged(run.workdir, params, steps)
@@ -820,25 +797,18 @@ def _train_record(pending, padding, chrono, step, manager, workdir) -> dict:
 
 
 def _periodic_eval(trainer, dataset, num_sentences, buckets, log, params, step, elapsed_s):
-  """Validation loss and BLEU on the first `num_sentences` pairs, the training pairs' loss."""
+  """Validation loss and the task's scores on the first `num_sentences` pairs, the training
+  pairs' loss."""
   examples = dataset.splits["eval"].examples[:num_sentences]
-  references = [t for _, t in dataset.splits["eval"].pairs[:num_sentences]]
+  pairs = dataset.splits["eval"].pairs[:num_sentences]
+  references = [t for _, t in pairs]
   # As many training pairs: their loss with dropout off, beside validation's, shows when the
   # model starts to memorize the training set.
   train_examples = dataset.splits["train"].examples[:num_sentences]
   values = trainer.evaluate_loss(params, examples, buckets)
   values.update(_train_subset_loss(trainer, params, train_examples, buckets))
-  hypotheses = trainer.translate(params, examples, buckets, dataset.tokenizer)
-  if trainer.config.data.source == "ptb":  # §6.3: parses are scored by EVALB's F1
-    pairs = dataset.splits["eval"].pairs[:num_sentences]
-    linearization = trees.Linearization.from_config(trainer.config.data)
-    parse_scores, _, _ = parsing.scores(hypotheses, pairs, linearization)
-    # EVALB skips sentences whose words it cannot match (a tag count or a punctuation tag
-    # wrong): their number says how much of the split the F1 covers.
-    kept = ("f1", "precision", "recall", "repaired", "evalb_error_sentences")
-    values.update({k: parse_scores[k] for k in kept})
-  else:
-    values["bleu"] = evaluate_lib.corpus_bleu(hypotheses, references).score
+  hypotheses = trainer.decode(params, examples, buckets, dataset.tokenizer)
+  values.update(tasks.get(trainer.config.task).scores(trainer.config, hypotheses, pairs))
   values["elapsed_s"] = elapsed_s
   log.write(step, "eval", values)
   _log_samples(log, step, "eval/translations", hypotheses, references)
@@ -873,24 +843,18 @@ def final_evaluation(
     log: MetricLog | None = None,
     step: int = 0,
 ) -> dict:
-  """Loss/perplexity on the eval split and on as many training pairs (dropout off); test's
-  translations, sacreBLEU and tokenized BLEU, or for parsing (data.source=ptb, §6.3) test's
-  trees and EVALB's F1 (parsing.py). `log` gets sample outputs at `step`."""
+  """Loss/perplexity on the eval split and on as many training pairs (dropout off); the test
+  split decoded and scored by the run's task, which writes its test outputs to the workdir
+  (tasks/). `log` gets sample outputs at `step`."""
   eval_split, test_split = dataset.splits["eval"], dataset.splits["test"]
   eval_metrics = trainer.evaluate_loss(params, eval_split.examples, buckets)
   train_subset = dataset.splits["train"].examples[: len(eval_split.examples)]
   train_metrics = _train_subset_loss(trainer, params, train_subset, buckets)
-  hypotheses = trainer.translate(params, test_split.examples, buckets, dataset.tokenizer)
+  hypotheses = trainer.decode(params, test_split.examples, buckets, dataset.tokenizer)
   references = [t for _, t in test_split.pairs]
-  if trainer.config.data.source == "ptb":  # §6.3: EVALB's F1; test_trees.mrg, test_gold.mrg
-    test_metrics = parsing.test_results(
-        hypotheses,
-        test_split.pairs,
-        trees.Linearization.from_config(trainer.config.data),
-        workdir if distributed.is_chief() else None,
-    )
-  else:
-    test_metrics = _test_bleu(trainer.config, hypotheses, references, workdir)
+  test_metrics = tasks.get(trainer.config.task).test_results(
+      trainer.config, hypotheses, test_split.pairs, workdir if distributed.is_chief() else None
+  )
   if log is not None:
     _log_samples(log, step, "test/translations", hypotheses, references)
   return {
@@ -907,21 +871,4 @@ def final_evaluation(
           if trainer.config.eval.beam_size == 1
           else f"beam {trainer.config.eval.beam_size}, alpha {trainer.config.eval.alpha}"
       ),
-  }
-
-
-def _test_bleu(config, hypotheses, references, workdir) -> dict:
-  """Test sacreBLEU and tokenized BLEU; the translations go to test_translations.txt."""
-  bleu = evaluate_lib.corpus_bleu(hypotheses, references)
-  lang = config.data.target_lang
-  tok_bleu = evaluate_lib.tokenized_bleu(hypotheses, references, lang)
-  tok_bleu_lc = evaluate_lib.tokenized_bleu(hypotheses, references, lang, lowercase=True)
-  if distributed.is_chief():
-    with open(os.path.join(workdir, "test_translations.txt"), "w") as f:
-      f.writelines(h + "\n" for h in hypotheses)
-  return {
-      "test_bleu": float(bleu.score),
-      "test_bleu_signature": str(bleu),
-      "test_tokenized_bleu": float(tok_bleu.score),
-      "test_tokenized_bleu_lowercase": float(tok_bleu_lc.score),
   }

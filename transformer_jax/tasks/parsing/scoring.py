@@ -1,6 +1,6 @@
 """§6.3 English constituency parsing as a task: decoded sequences -> trees -> EVALB's scores.
 
-The model reads a sentence's words and writes its linearized tree (data/trees.py). Here decoded
+The model reads a sentence's words and writes its linearized tree (trees.py). Here decoded
 outputs become trees over the input's words (`delinearize`, repairing ill-formed outputs by its
 documented rule), which are scored against the gold trees by EVALB's rules (evalb.py, COLLINS.prm)
 and written one per line as EVALB reads them:
@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from transformer_jax import evalb
-from transformer_jax.data import trees
+from transformer_jax.tasks.parsing import evalb, trees
 
 TEST_TREES = "test_trees.mrg"  # the model's parses of the test split, one per line
 TEST_GOLD = "test_gold.mrg"  # the preprocessed gold trees, line for line, for EVALB itself
@@ -52,11 +51,11 @@ def to_trees(
 def gold_trees(
     pairs: Sequence[tuple[str, str]], linearization: trees.Linearization
 ) -> list[trees.Tree]:
-  """The gold trees of (words, linearization) pairs (data/ptb.py), rebuilt exactly."""
+  """The gold trees of (words, linearization) pairs (tasks/parsing/ptb.py), rebuilt exactly."""
   out = []
   for source, target in pairs:
     restored = linearization.restore(target.split(), source.split())
-    if restored.repairs:  # cannot happen for pairs made by data/ptb.py
+    if restored.repairs:  # cannot happen for pairs made by tasks/parsing/ptb.py
       raise ValueError(f"not a linearized tree: {target[:200]!r}")
     out.append(restored.tree)
   return out
@@ -108,7 +107,8 @@ def test_results(
   out = {f"test_{k}": v for k, v in values.items()}
   out["test_trees"] = trees_file
   out["evalb"] = (
-      f"EVALB with COLLINS.prm (transformer_jax/evalb.py) on {trees_file} against {TEST_GOLD}; "
+      f"EVALB with COLLINS.prm (transformer_jax/tasks/parsing/evalb.py) on {trees_file} "
+      f"against {TEST_GOLD}; "
       f"evalb -p COLLINS.prm -e 100000 {TEST_GOLD} {trees_file} prints the same"
   )
   return out

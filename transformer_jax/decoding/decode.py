@@ -28,8 +28,8 @@ grows in blocks of positions (batch_shapes.py); the top 2k extensions come from 
 the vocabulary with the highest maxima (`top_k.top_extensions`, the flat top_k's result); finished
 sentences leave the batch (`Predictor`); α is traced, so trying several α compiles once.
 
-A constraint (`constrain(log_probs [..., v], prefixes [..., n], limit [b]) -> log_probs`, e.g.
-parsing's tree_constraint.py) may reshape each step's distribution given each hypothesis' tokens
+A constraint (`constrain(log_probs [..., v], prefixes [..., n], limit [b]) -> log_probs`, a
+task's: tasks/base.py) may reshape each step's distribution given each hypothesis' tokens
 so far and its sentence's output limit.
 """
 
@@ -44,11 +44,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import batch_shapes, distributed, top_k
-from transformer_jax.batch_shapes import Shapes
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
-from transformer_jax.incremental import IncrementalDecoder
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.decoding import batch_shapes, top_k
+from transformer_jax.decoding.batch_shapes import Shapes
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.incremental import IncrementalDecoder
+from transformer_jax.parallel import distributed
 
 
 def output_limits(inputs: jax.Array, extra: int, max_decode_len: int) -> jax.Array:

@@ -15,10 +15,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import kv_cache
-from transformer_jax.data.tokenizer import BOS_ID, PAD_ID
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import TransformerConfig
+from transformer_jax.model import kv_cache
+from transformer_jax.model.config import BOS_ID, PAD_ID, TransformerConfig
+from transformer_jax.model.transformer import Transformer
 
 
 @dataclasses.dataclass(frozen=True)

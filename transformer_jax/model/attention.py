@@ -30,9 +30,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import sharding
-from transformer_jax.kv_cache import CrossAttentionCache, SelfAttentionCache
-from transformer_jax.model_config import ATTENTION_IMPLS, TransformerConfig
+from transformer_jax.model.config import ATTENTION_IMPLS, TransformerConfig
+from transformer_jax.model.kv_cache import CrossAttentionCache, SelfAttentionCache
+from transformer_jax.parallel import sharding
 
 # Glorot/Xavier uniform, as in tensor2tensor's Transformer; the paper does not state an init.
 default_kernel_init = nn.initializers.xavier_uniform()

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 # Token id 0 is padding everywhere (masked out of attention and of the loss); the tokenizers
 # (data/tokenizer.py) give it the same id.
 PAD_ID = 0
+BOS_ID = 2  # the decoder's first input (incremental.py); the tokenizers' BOS
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

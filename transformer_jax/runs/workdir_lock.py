@@ -34,7 +34,8 @@ import socket
 import time
 from collections.abc import Iterator
 
-from transformer_jax import distributed, errors
+from transformer_jax import errors
+from transformer_jax.parallel import distributed
 
 LOCK_FILE = ".lock"
 # What a filesystem without locks answers (NFS without a lock manager: ENOLCK).

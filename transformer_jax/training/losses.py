@@ -16,7 +16,7 @@ def label_smoothed_cross_entropy(
     targets: jax.Array,  # [b, t] int
     weights: jax.Array,  # [b, t] float, 0 at padding
     label_smoothing: float,
-    word_set: jax.Array | None = None,  # [v] bool
+    interchangeable: jax.Array | None = None,  # [v] bool
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Returns (smoothed_loss_sum, nll_sum, weight_sum).
 
@@ -25,9 +25,9 @@ def label_smoothed_cross_entropy(
   subtracted, so a perfect prediction of the smoothed target has loss 0 and the loss stays
   comparable across ε. `nll_sum` is the plain negative log-likelihood, for perplexity.
 
-  `word_set` (parsing's `train.word_loss="any"`, a deviation): where the target is in the set,
-  its probability is the set's, Σ_{w in set} p_w — the model is taught *that* a word comes, not
-  which (the search's constraint dictates which: tree_constraint.py).
+  `interchangeable` (a task's loss variant, a deviation from the paper; tasks/base.py): where the
+  target is in the set, its probability is the set's, Σ_{w in set} p_w — the model is taught
+  *that* a token of the set comes, not which (a search constraint dictates which).
   """
   vocab_size = logits.shape[-1]
   logits = logits.astype(jnp.float32)
@@ -40,11 +40,11 @@ def label_smoothed_cross_entropy(
   is_target = jnp.arange(vocab_size) == targets[..., None]  # [b, t, v] bool, fused, not stored
   target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)  # [b, t]
   nll = log_z - target_logit  # -log p_target
-  if word_set is not None:  # a word target's probability is its set's
-    word_set = jnp.asarray(word_set)
+  if interchangeable is not None:  # a target in the set: its probability is the set's
+    interchangeable = jnp.asarray(interchangeable)
     token_nll = nll  # -log p of the target token itself, for the smoothing below
-    set_logit = jax.nn.logsumexp(jnp.where(word_set, logits, -jnp.inf), axis=-1)  # [b, t]
-    nll = jnp.where(word_set[targets], log_z - set_logit, nll)
+    set_logit = jax.nn.logsumexp(jnp.where(interchangeable, logits, -jnp.inf), axis=-1)  # [b, t]
+    nll = jnp.where(interchangeable[targets], log_z - set_logit, nll)
   if label_smoothing > 0.0:
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab_size - 1)
@@ -52,7 +52,7 @@ def label_smoothed_cross_entropy(
     #   -Σ_v q_v log p_v = -low Σ_v log p_v - (confidence - low) log p_target,
     # with Σ_v log p_v = Σ_v logits_v - V logsumexp(logits).
     sum_log_probs = jnp.sum(logits, axis=-1) - vocab_size * log_z
-    if word_set is None:
+    if interchangeable is None:
       smoothed = -low * sum_log_probs + (confidence - low) * nll
     else:  # 1 - ε on the target (its set), ε/(V-1) on each other token
       smoothed = -low * (sum_log_probs + token_nll) + confidence * nll
@@ -65,13 +65,16 @@ def label_smoothed_cross_entropy(
 
 
 def token_accuracy(
-    logits: jax.Array, targets: jax.Array, weights: jax.Array, word_set: jax.Array | None = None
+    logits: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array,
+    interchangeable: jax.Array | None = None,
 ) -> jax.Array:
   """Number of correctly predicted (non-pad) tokens; divide by the weight sum for accuracy.
-  With `word_set` [v] bool, any token of the set is right where the target is in it."""
+  With `interchangeable` [v] bool, any token of the set is right where the target is in it."""
   predicted = jnp.argmax(logits, axis=-1)
   correct = predicted == targets
-  if word_set is not None:
-    word_set = jnp.asarray(word_set)
-    correct = correct | (word_set[targets] & word_set[predicted])
+  if interchangeable is not None:
+    interchangeable = jnp.asarray(interchangeable)
+    correct = correct | (interchangeable[targets] & interchangeable[predicted])
   return jnp.sum(correct * weights)

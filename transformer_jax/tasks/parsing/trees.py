@@ -32,12 +32,12 @@ sentences). Closing brackets carry their label (Vinyals et al.'s form) or not (`
 
 No token can be mistaken for a word: Penn Treebank words never contain brackets.
 
-With words (`config.data.tree_words`, a deviation from Vinyals et al. and §6.3, off by default),
+With words (`config.parsing.tree_words`, a deviation from Vinyals et al. and §6.3, off by default),
 each word is written before its tag, so the decoder's own output says which word it is at:
 
     words:   (S (NP Mr. (NNP) Vinken (NNP) )NP (VP is (VBZ) ... )VP . (.) )S
 
-In order (`config.data.tree_order="in_order"`, a deviation from Vinyals et al. and §6.3, off by
+In order (`config.parsing.tree_order="in_order"`, a deviation from Vinyals et al. and §6.3, off by
 default; the in-order order of Liu & Zhang 2017's shift-reduce parser, compared with top-down for
 sequence-to-sequence parsing by Fernández-González & Gómez-Rodríguez 2020), a phrase's opening
 token comes after its first child and before the others, so a phrase is named once its first
@@ -281,7 +281,7 @@ def linearize(
 ) -> list[str]:
   """The target tokens of a tree (its root's children; module docstring): top-down, or with each
   phrase's opening token after its first child (`order="in_order"`); with `words`, each tag
-  token follows its word (`data.tree_words`)."""
+  token follows its word (`parsing.tree_words`)."""
   _check_form(closing, order)
   out = []
 
@@ -307,17 +307,17 @@ def linearize(
 @dataclasses.dataclass(frozen=True)
 class Linearization:
   """How a run writes trees as targets: `closing` ("labeled" or "bare"), `words` (each word
-  written before its tag; `config.data.tree_words`, off in the paper's form) and `order`
-  ("top_down", the paper's, or "in_order"; `config.data.tree_order`)."""
+  written before its tag; `config.parsing.tree_words`, off in the paper's form) and `order`
+  ("top_down", the paper's, or "in_order"; `config.parsing.tree_order`)."""
 
   closing: str = "labeled"
   words: bool = False
   order: str = "top_down"
 
   @classmethod
-  def from_config(cls, data) -> Linearization:
-    """From a run's `config.data` (`tree_closing`, `tree_words`, `tree_order`)."""
-    return cls(data.tree_closing, data.tree_words, data.tree_order)
+  def from_config(cls, parsing) -> Linearization:
+    """From a run's `config.parsing` (`tree_closing`, `tree_words`, `tree_order`)."""
+    return cls(parsing.tree_closing, parsing.tree_words, parsing.tree_order)
 
   def tokens(self, tree: Tree) -> list[str]:
     return linearize(tree, self.closing, self.words, self.order)

@@ -1,0 +1,1 @@
+"""Devices: the mesh and sharding rules, multi-host set-up, XLA flags."""

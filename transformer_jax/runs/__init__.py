@@ -1,0 +1,1 @@
+"""A run's workdir: its checkpoints, its lock, and a trained run loaded for decoding."""

@@ -1,0 +1,1 @@
+"""Serving a trained run outside this package: its export to CTranslate2."""

@@ -1,0 +1,86 @@
+"""Tasks: what differs between translation, parsing (§6.3) and any task added to them.
+
+A task (`base.Task`) supplies through one small interface what the generic code leaves open:
+its config section and checks, reading its data and vocabulary, a transform of training
+batches, a variant of the loss, the search's constraint, how outputs are scored and which test
+outputs are written, and the command that decodes its runs. `config.task` names it; the model,
+the training loop, decoding, checkpointing and batching name no task.
+
+  task = tasks.get(config.task)   # "translation", "parsing", or one registered:
+  tasks.register(MyTask())        # a task defined outside the package (a fork, a test)
+
+Built-in tasks are imported when first asked for, so translating imports no parsing code, and
+this module imports nothing heavy: a command refuses another task's run before JAX starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from typing import Any
+
+from transformer_jax.errors import UserError
+
+Task = Any  # a tasks.base.Task (not imported here: the base imports the modules that import this)
+
+# name -> (module defining TASK, the command that decodes its runs)
+BUILTIN = {
+    "translation": ("transformer_jax.tasks.translation", "translate"),
+    "parsing": ("transformer_jax.tasks.parsing.task", "parse"),
+}
+_registered: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+  """Makes `task` available as `config.task = task.name` (replacing one of the same name)."""
+  if not task.name:
+    raise ValueError(f"{type(task).__name__} has no name")
+  _registered[task.name] = task
+  return task
+
+
+def names() -> list[str]:
+  return sorted(set(BUILTIN) | set(_registered))
+
+
+def get(name: str) -> Task:
+  """The task called `name`; a UserError naming the known ones for any other."""
+  if name not in _registered:
+    if name not in BUILTIN:
+      raise UserError(f"config.task={name!r}: expected one of {names()}")
+    _registered[name] = importlib.import_module(BUILTIN[name][0]).TASK
+  return _registered[name]
+
+
+def command_of(name: str) -> str | None:
+  """The command that decodes runs of task `name` (None: none has one)."""
+  if name in BUILTIN:
+    return BUILTIN[name][1]
+  return _registered[name].command if name in _registered else None
+
+
+def saved_task(saved: dict) -> str:
+  """The task of a run's saved config (a dict): its `task`, or for a config.json written before
+  configs named their task, parsing for the ptb source and translation for any other."""
+  if saved.get("task"):
+    return saved["task"]
+  return "parsing" if saved.get("data", {}).get("source") == "ptb" else "translation"
+
+
+def check_command(workdir: str, command: str) -> None:
+  """A UserError naming the right command unless `command` decodes the run in `workdir`. A
+  workdir without a readable config.json passes: loading the run reports that."""
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      saved = json.load(f)
+    task, source = saved_task(saved), saved["data"]["source"]
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return
+  if command_of(task) != command:
+    wanted = next((t for t, (_, c) in BUILTIN.items() if c == command), command)
+    right = command_of(task)
+    use = f"use python -m transformer_jax.{right} for it" if right else "no command decodes it"
+    raise UserError(
+        f"--workdir={workdir} is a {task} run (data.source={source!r}), not a {wanted} run: {use}"
+    )

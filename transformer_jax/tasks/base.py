@@ -1,0 +1,78 @@
+"""The task interface: everything a task supplies to the generic model, training and decoding.
+
+A task is an object with a `name` (its `config.task`), the `sources` (`config.data.source`
+values) it reads, the `command` that decodes its runs, and the hooks below; each has a default
+that does nothing, except reading data and scoring, which every task defines. Hooks that shape
+training (a batch transform, interchangeable tokens) and decoding (a constraint) are traced into
+the jitted steps and searches: they are JAX-traceable functions and arrays, built once per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  import ml_collections
+  import numpy as np
+
+  from transformer_jax.config import Check
+  from transformer_jax.data.pipeline import Dataset
+  from transformer_jax.data.tokenizer import Tokenizer
+
+Pair = tuple[str, str]  # (source, target) as text
+
+
+class Task:
+  name: str = ""
+  command: str | None = None  # python -m transformer_jax.<command> decodes its runs
+  sources: tuple[str, ...] = ()  # the config.data.source values it reads
+  metric: str = ""  # the validation score (higher is better) tune_decoding maximizes
+
+  def config_section(self) -> ml_collections.ConfigDict | None:
+    """The defaults of the task's own keys, `config.<name>` (None: it has none)."""
+    return None
+
+  def validate(self, config: ml_collections.ConfigDict, check: Check) -> None:
+    """Checks of the task's section, and of what it needs from the others (config.checker)."""
+
+  def load_dataset(
+      self, config: ml_collections.ConfigDict, workdir: str | None, splits: Sequence[str]
+  ) -> Dataset:
+    """The vocabulary (the workdir's, or made and kept there) and the tokenized `splits`
+    ("train", "eval", "test") as data.pipeline.Dataset."""
+    raise NotImplementedError
+
+  def batch_transform(
+      self, config: ml_collections.ConfigDict, tokenizer: Tokenizer
+  ) -> Callable[[dict, Any], dict] | None:
+    """`transform(batch, rng) -> batch`, applied to every training batch inside the jitted
+    train step with its own random stream (None: batches as they are)."""
+    return None
+
+  def interchangeable_tokens(
+      self, config: ml_collections.ConfigDict, tokenizer: Tokenizer
+  ) -> np.ndarray | None:
+    """[vocab] bool: tokens the loss scores as one class (training.losses); None: the paper's
+    loss, every token its own class."""
+    return None
+
+  def constraint(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Any:
+    """The search's constraint (decoding.decode.Predictor's `constraint`), or None."""
+    return None
+
+  def scores(
+      self, config: ml_collections.ConfigDict, hypotheses: Sequence[str], pairs: Sequence[Pair]
+  ) -> dict:
+    """Validation scores of decoded outputs against the pairs' targets, `metric` among them."""
+    raise NotImplementedError
+
+  def test_results(
+      self,
+      config: ml_collections.ConfigDict,
+      hypotheses: Sequence[str],
+      pairs: Sequence[Pair],
+      workdir: str | None,
+  ) -> dict:
+    """The test split's scores for results.json; its outputs written to `workdir` if given."""
+    raise NotImplementedError

@@ -1,0 +1,129 @@
+"""§6.3 English constituency parsing as a task: sentences in, linearized trees out, EVALB's F1.
+
+Its own config section, `config.parsing`, holds the switches of the parsing pipeline; the
+deviations from §6.3 among them are off by default:
+
+  tree_closing      "labeled" (")NP", Vinyals et al. 2015) or "bare" (")")
+  tree_words        write each word before its tag in the target (a deviation)
+  tree_order        "top_down" (§6.3) or "in_order" (Liu & Zhang 2017; a deviation)
+  word_dropout      read each vocabulary word of a training batch as its unknown-word class with
+                    this probability (a deviation; ptb.py)
+  word_loss         "exact" (the paper) or "any": a target word scored as "a word comes here"
+                    (a deviation; needs tree_words; training/losses.py)
+  tree_constraints  decode only well-formed trees over the input's words (a deviation;
+                    tree_constraint.py)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import ml_collections
+
+from transformer_jax.tasks import base
+
+
+class ParsingTask(base.Task):
+  name = "parsing"
+  command = "parse"
+  sources = ("ptb",)
+  metric = "f1"
+
+  def config_section(self):
+    s = ml_collections.ConfigDict()
+    # Closing brackets of the linearized trees carry their label, ")NP", as in Vinyals et al.
+    # (2015) ("labeled"), or are a bare ")" ("bare") (trees.py).
+    s.tree_closing = "labeled"
+    # True writes each word before its tag in the target ("(NP Mr. (NNP) Vinken (NNP) )NP"): a
+    # deviation from Vinyals et al. (2015) and §6.3, whose targets hold no words; the written
+    # words mark the decoder's position in the sentence (trees.py). Off: the paper's form.
+    s.tree_words = False
+    # "top_down" writes each phrase's opening before its words (Vinyals et al. 2015, §6.3);
+    # "in_order" after its first child (Liu & Zhang 2017's in-order order; a deviation, off by
+    # default): "(NNP) (NP (NNP) )NP (S ..." (trees.py).
+    s.tree_order = "top_down"
+    # In each training batch, each vocabulary word is read as its unknown-word class with this
+    # probability, in source and target alike (word dropout, a deviation, off by default; ptb.py).
+    s.word_dropout = 0.0
+    # "exact" (the paper): every target token is scored. "any" (a deviation; with tree_words): a
+    # target word is scored as "a word comes here", its probability the sum over the
+    # vocabulary's words, since the decoding constraint dictates which (training/losses.py).
+    s.word_loss = "exact"
+    # The search writes only well-formed trees over the input's words (tree_constraint.py). Not
+    # in the paper (§6.3 decodes freely): off by default.
+    s.tree_constraints = False
+    return s
+
+  def validate(self, config, check):
+    p = config.parsing
+    # Whether data.path exists is checked when it is read: parsing sentences needs no trees.
+    check(bool(config.data.path), "data.path", "the ptb source needs a directory of .mrg files")
+    check(
+        p.tree_closing in ("labeled", "bare"),
+        "parsing.tree_closing",
+        "expected 'labeled' or 'bare'",
+    )
+    check(
+        p.tree_order in ("top_down", "in_order"),
+        "parsing.tree_order",
+        "expected 'top_down' or 'in_order'",
+    )
+    check(0.0 <= p.word_dropout < 1.0, "parsing.word_dropout", "must be in [0, 1)")
+    check(p.word_loss in ("exact", "any"), "parsing.word_loss", "expected 'exact' or 'any'")
+    check(
+        p.word_loss == "exact" or p.tree_words,
+        "parsing.word_loss",
+        "'any' scores the words a target writes: with parsing.tree_words=True only",
+    )
+
+  def load_dataset(self, config, workdir, splits):
+    from transformer_jax.data import pipeline
+    from transformer_jax.tasks.parsing import ptb
+
+    start = time.perf_counter()
+    vocab_path = os.path.join(workdir, pipeline.WORD_VOCAB) if workdir else None
+    tokenizer, loaded = ptb.load_splits(config, vocab_path, splits)
+    out = {key: pipeline.Split(pairs, examples) for key, (pairs, examples) in loaded.items()}
+    return pipeline.Dataset(tokenizer, out, {"prepare": 0.0, "open": time.perf_counter() - start})
+
+  def batch_transform(self, config, tokenizer):
+    if not config.parsing.word_dropout:
+      return None
+    from transformer_jax.tasks.parsing import ptb
+
+    table = ptb.word_class_table(tokenizer)  # [v] int32, a constant of the compiled step
+    return functools.partial(ptb.drop_words, rate=config.parsing.word_dropout, classes=table)
+
+  def interchangeable_tokens(self, config, tokenizer):
+    if config.parsing.word_loss != "any":
+      return None
+    from transformer_jax.tasks.parsing import tree_constraint
+
+    return tree_constraint.word_set(tokenizer)  # [v] bool, likewise
+
+  def constraint(self, config, tokenizer):
+    from transformer_jax.tasks.parsing import tree_constraint
+
+    return tree_constraint.from_config(config, tokenizer)
+
+  def scores(self, config, hypotheses, pairs):
+    from transformer_jax.tasks.parsing import scoring, trees
+
+    linearization = trees.Linearization.from_config(config.parsing)
+    values, _, _ = scoring.scores(hypotheses, pairs, linearization)
+    # EVALB skips sentences whose words it cannot match (a tag count or a punctuation tag
+    # wrong): their number says how much of the split the F1 covers.
+    kept = ("f1", "precision", "recall", "repaired", "evalb_error_sentences")
+    return {k: values[k] for k in kept}
+
+  def test_results(self, config, hypotheses, pairs, workdir):
+    """EVALB's F1 and the rest (scoring.py); test_trees.mrg and test_gold.mrg in `workdir`."""
+    from transformer_jax.tasks.parsing import scoring, trees
+
+    linearization = trees.Linearization.from_config(config.parsing)
+    return scoring.test_results(hypotheses, pairs, linearization, workdir)
+
+
+TASK = ParsingTask()

@@ -1,0 +1,1 @@
+"""Training: the train state, pure step functions, the loop, optimizer and losses."""
