@@ -14,17 +14,16 @@ their rows, and `row_steps` (sentences decoded at each step, summed: finished se
 batch); beside them the device, the batch size in tokens, the programs compiled and the peak
 memory (host RSS, and the device's peak where it reports one).
 
-`--engines jax,ctranslate2` also exports the same parameters to CTranslate2 (transformer_jax/
-export.py) once per `--quantizations` type and times its `translate_batch` on the same
-sentences, batched by the same number of source tokens, greedy and beam, a median of
-`--repeats` after a warm-up pass: under "ctranslate2", per type, sentences/s, output tokens/s
-and how many translations are identical to the project's. It runs on `--ct2_device` (default:
-CUDA when JAX runs on a GPU, else the CPU), on a CPU with `--threads` intra-op threads
+`--engines jax,ctranslate2` also exports the same parameters to CTranslate2
+(transformer_jax/serving/ctranslate2_model.py) once per `--quantizations` type and times its
+`translate_batch` on the same sentences, batched by the same number of source tokens, greedy and
+beam, a median of `--repeats` after a warm-up pass: under "ctranslate2", per type, sentences/s,
+output tokens/s and how many translations are identical to the project's. It runs on `--ct2_device`
+(default: CUDA when JAX runs on a GPU, else the CPU), on a CPU with `--threads` intra-op threads
 (default: the cores this process may use); pin the process (`taskset -c 0-1 python
-benchmarks/decode.py ...`) to give both engines the same cores. CTranslate2's beam search
-divides log P(Y) by |Y|^`--length_penalty` where the project's divides by the §6.1 GNMT
-((5 + |Y|) / 6)^α (|Y| with EOS in both), so their beam translations differ a little.
-"""
+benchmarks/decode.py ...`) to give both engines the same cores. CTranslate2's beam search divides
+log P(Y) by |Y|^`--length_penalty` where the project's divides by the §6.1 GNMT ((5 + |Y|) / 6)^α
+(|Y| with EOS in both), so their beam translations differ a little."""
 
 import dataclasses
 import json
@@ -69,9 +68,13 @@ _NUM_BUCKETS = flags.DEFINE_integer(
     "Source lengths batches are padded to (default: the run's data.num_buckets, at most 8; "
     "pipeline.eval_bucket_lengths): each is a search compiled.",
 )
-_ENGINES = flags.DEFINE_list("engines", ["jax"], "Engines to time: jax, ctranslate2 (export.py).")
+_ENGINES = flags.DEFINE_list(
+    "engines", ["jax"], "Engines to time: jax, ctranslate2 (serving/ctranslate2_model.py)."
+)
 _QUANTIZATIONS = flags.DEFINE_list(
-    "quantizations", ["float32", "int8"], "CTranslate2 weight types to time (export.py)."
+    "quantizations",
+    ["float32", "int8"],
+    "CTranslate2 weight types to time (serving/ctranslate2_model.py).",
 )
 _THREADS = flags.DEFINE_integer(
     "threads", None, "CTranslate2's intra-op threads (default: the cores this process may use)."

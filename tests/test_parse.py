@@ -213,3 +213,28 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   (first, compiled, read, exported), (again, compiled_again, read_again, exported_again) = outputs
   assert compiled > 0 and read == 0 and exported > 0
   assert again == first and compiled_again == 0 and read_again == exported and not exported_again
+
+  # From Python: plain sentences in, nltk.Tree objects out, the same trees the command writes
+  # for their Treebank tokens (--tokenize), each over exactly those tokens.
+  import nltk
+
+  from transformer_jax.tasks.parsing import parser
+
+  plain = ["Pierre Vinken will join the board.", "Profits rose (sharply) and didn't fall."]
+  loaded = parser.Parser.load(str(workdir), tree_constraints=True, beam_size=1)
+  parsed = loaded.parse(plain)
+  assert all(isinstance(t, nltk.Tree) and t.label() == "TOP" for t in parsed)
+  assert [t.leaves() for t in parsed] == [parser.tokenize(s) for s in plain]
+  assert loaded.parse([parser.tokenize(s) for s in plain]) == parsed  # tokenized input
+  proc = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir), "--tokenize"]
+      + ["--tree_constraints", "--beam_size", "1", f"--compilation_cache={cache}"],
+      input="".join(f"{s}\n" for s in plain).encode(),
+      capture_output=True,
+      cwd=REPO,
+      timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+  assert [nltk.Tree.fromstring(line) for line in proc.stdout.decode().splitlines()] == parsed
+  with pytest.raises(errors.UserError, match="sentence 2 is empty"):
+    loaded.parse(["Fine.", "   "])

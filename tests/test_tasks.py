@@ -79,7 +79,7 @@ def test_a_registered_task_is_chosen_by_name_and_refused_by_the_builtin_commands
     with pytest.raises(errors.UserError, match="is a echo_for_test run .* no command decodes"):
       tasks.check_command(workdir, "translate")
   finally:
-    tasks._registered.pop("echo_for_test")  # noqa: SLF001 - the test's own registration
+    tasks.unregister("echo_for_test")
 
 
 @pytest.mark.parametrize("kind", ["translation", "parsing"])

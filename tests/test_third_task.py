@@ -60,7 +60,7 @@ class ReversalTask(base.Task):
 def reversal():
   task = tasks.register(ReversalTask())
   yield task
-  tasks._registered.pop(task.name)  # noqa: SLF001 - the test's own registration
+  tasks.unregister(task.name)
 
 
 def _config():

@@ -81,7 +81,7 @@ def test_the_lock_of_a_killed_holder_is_gone_at_once(tmp_path):
   holder = subprocess.Popen(
       [sys.executable, "-c",
        "import sys, time\n"
-       "from transformer_jax import workdir_lock\n"
+       "from transformer_jax.runs import workdir_lock\n"
        f"with workdir_lock.hold({str(tmp_path)!r}, 'train'):\n"
        "  print('held', flush=True)\n"
        "  time.sleep(600)\n"],

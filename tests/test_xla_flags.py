@@ -34,7 +34,7 @@ def _fresh_process(xla_flags_env: str, flags: str) -> dict:
   """Applies `flags` in a new interpreter (JAX not started), then starts the CPU backend."""
   script = textwrap.dedent(f"""
       import json, os
-      from transformer_jax import xla_flags
+      from transformer_jax.parallel import xla_flags
       added = xla_flags.apply({flags!r})
       env = os.environ["XLA_FLAGS"]
       import jax

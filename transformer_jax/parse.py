@@ -3,11 +3,14 @@
   python -m transformer_jax.parse --workdir DIR [--checkpoint auto|STEP|latest|avg]
       [--beam_size 21] [--alpha 0.3] [--[no]tree_constraints] < sentences.txt > trees.mrg
   python -m transformer_jax.parse --workdir DIR --input sentences.txt --output trees.mrg
+  python -m transformer_jax.parse --workdir DIR --tokenize < plain_sentences.txt > trees.mrg
 
 Each input line is one sentence, tokenized as the Penn Treebank is (words separated by spaces:
 `The company 's shares rose 5 % .`); brackets are written as the treebank writes them
-(`(` -> `-LRB-`). Each output line is its tree, with the part-of-speech tags the model predicted,
-under a TOP node, as EVALB reads it:
+(`(` -> `-LRB-`). With `--tokenize` a line is plain text (`The company's shares rose 5%.`),
+split into those tokens by NLTK's Treebank tokenizer (tasks/parsing/parser.py, which also parses
+from Python into nltk.Tree objects). Each output line is its tree, with the part-of-speech tags
+the model predicted, under a TOP node, as EVALB reads it:
 
     (TOP (S (NP (DT The) (NN company) (POS 's) (NNS shares)) (VP (VBD rose) ...) (. .)))
 
@@ -50,19 +53,27 @@ def _define_flags():
       None,
       "Decode only well-formed trees over the input's words; default: the run's.",
   )
+  flags.DEFINE_bool(
+      "tokenize",
+      False,
+      "Each line is plain text, split into Penn Treebank tokens (NLTK's Treebank tokenizer: "
+      "contractions, quotes, brackets and numbers as the treebank writes them); default: the "
+      "line's words are already tokens, separated by spaces.",
+  )
   flags.DEFINE_string("input", None, "Input file (default: standard input).")
   flags.DEFINE_string("output", None, "Output file (default: standard output).")
   cli.define_shapes_flag()
   cli.define_compilation_cache_flag()
 
 
-def read_sentences(stream, name: str, max_words: int) -> list[list[str]]:
-  """The words of every line of `stream` (binary); a UserError names the first bad line."""
-  from transformer_jax.tasks.parsing import scoring
+def read_sentences(stream, name: str, max_words: int, tokenize: bool = False) -> list[list[str]]:
+  """The words of every line of `stream` (binary): split on spaces, or with `tokenize` split
+  into Penn Treebank tokens from plain text; a UserError names the first bad line."""
+  from transformer_jax.tasks.parsing import parser
 
   sentences = []
   for number, line in enumerate(cli.read_lines(stream, name), start=1):
-    words = scoring.sentence_words(line)
+    words = parser.words_of(line, tokenized=not tokenize)
     if not words:
       raise errors.UserError(
           f"{name} line {number} is empty: give one sentence per line, its words separated by "
@@ -77,22 +88,12 @@ def read_sentences(stream, name: str, max_words: int) -> list[list[str]]:
   return sentences
 
 
-def parse_sentences(run, sentences: list[list[str]], beam_size=None, alpha=None):
-  """`trees.Restored` of each sentence (words), in order, decoded by a loaded parsing run."""
-  from transformer_jax.tasks.parsing import ptb, scoring, trees
-
-  known = set(run.tokenizer.words)
-  encoded = [ptb.encode_words(run.tokenizer, known, words) for words in sentences]
-  hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha)
-  linearization = trees.Linearization.from_config(run.config.parsing)
-  return scoring.to_trees(hypotheses, sentences, linearization)
-
-
 def main(argv):
   args = cli.workdir_args(argv)
   tasks.check_command(args.workdir, "parse")  # a translation run: one line naming translate
   from transformer_jax.decoding import compilation, saved_programs  # heavy (JAX): not for --help
   from transformer_jax.runs import inference  # heavy (JAX): not for --help
+  from transformer_jax.tasks.parsing import parser
 
   overrides = {}
   if args.tree_constraints is not None:
@@ -101,11 +102,13 @@ def main(argv):
   if args.input:
     try:
       with open(args.input, "rb") as f:
-        sentences = read_sentences(f, args.input, config.data.max_len - 1)
+        sentences = read_sentences(f, args.input, config.data.max_len - 1, args.tokenize)
     except OSError as e:
       raise errors.UserError(f"--input={args.input}: {e.strerror}") from None
   else:
-    sentences = read_sentences(sys.stdin.buffer, "standard input", config.data.max_len - 1)
+    sentences = read_sentences(
+        sys.stdin.buffer, "standard input", config.data.max_len - 1, args.tokenize
+    )
   cache = compilation.enable_cache(args.compilation_cache)
   run = inference.load_run(
       args.workdir, args.checkpoint, args.beam_size, args.alpha,
@@ -121,7 +124,7 @@ def main(argv):
       run.config.parsing.tree_constraints,
   )
   with compilation.CompileLog() as log:
-    restored = parse_sentences(run, sentences)
+    restored = parser.Parser(run).parse_restored(sentences)
   text = "".join(f"{r.tree}\n" for r in restored)
   if args.output:
     with open(args.output, "w", encoding="utf-8") as f:

@@ -40,6 +40,11 @@ def register(task: Task) -> Task:
   return task
 
 
+def unregister(name: str) -> None:
+  """Forgets a task registered with `register` (a built-in one is imported again when asked)."""
+  _registered.pop(name, None)
+
+
 def names() -> list[str]:
   return sorted(set(BUILTIN) | set(_registered))
 

@@ -550,8 +550,9 @@ def run(
 
 
 @dataclasses.dataclass
-class _Run:
-  """What the training loop and the finish share: one run's data, trainer and bookkeeping."""
+class _Session:
+  """One training session of a run (a start or a resume): what the loop and the finish share,
+  its data, trainer and bookkeeping."""
 
   config: ml_collections.ConfigDict
   workdir: str
@@ -567,7 +568,7 @@ class _Run:
 def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
   """`run`'s work, under the workdir's lock: open the run, train, then finish it."""
   _check_workdir_config(workdir, config)
-  run = _open_run(config, workdir, devices)
+  run = _open_session(config, workdir, devices)
   state = _restore_or_init(
       run.manager, run.trainer, run.train_iter, run.chrono, config.seed, workdir
   )
@@ -591,7 +592,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
   return results
 
 
-def _open_run(config: ml_collections.ConfigDict, workdir: str, devices) -> _Run:
+def _open_session(config: ml_collections.ConfigDict, workdir: str, devices) -> _Session:
   """The dataset (vocabulary written or reused), the trainer over `devices`, the training
   iterator, the checkpoint manager and the run's clock."""
   dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
@@ -615,7 +616,7 @@ def _open_run(config: ml_collections.ConfigDict, workdir: str, devices) -> _Run:
       dict(trainer.mesh.shape),
   )
   t = config.train
-  return _Run(
+  return _Session(
       config=config,
       workdir=workdir,
       dataset=dataset,
@@ -629,7 +630,7 @@ def _open_run(config: ml_collections.ConfigDict, workdir: str, devices) -> _Run:
   )
 
 
-def _train_loop(run: _Run, state: TrainState) -> tuple[TrainState, bool]:
+def _train_loop(run: _Session, state: TrainState) -> tuple[TrainState, bool]:
   """Trains from `state` to train.num_steps, the time budget or a SIGTERM, logging, evaluating
   and checkpointing as the config says; returns the last state and whether it was preempted."""
   t, chrono, log, manager = run.config.train, run.chrono, run.log, run.manager
@@ -710,7 +711,7 @@ def _train_loop(run: _Run, state: TrainState) -> tuple[TrainState, bool]:
   return state, preempted
 
 
-def _finish(run: _Run, state: TrainState, facts: dict) -> dict:
+def _finish(run: _Session, state: TrainState, facts: dict) -> dict:
   """After training: the §6.1 average of the last checkpoints (or the latest parameters), the
   final evaluation, and results.json (with `facts`: parameter count, times)."""
   t, step = run.config.train, int(state.step)
