@@ -74,16 +74,7 @@ def read_sentences(stream, name: str, max_words: int, tokenize: bool = False) ->
   sentences = []
   for number, line in enumerate(cli.read_lines(stream, name), start=1):
     words = parser.words_of(line, tokenized=not tokenize)
-    if not words:
-      raise errors.UserError(
-          f"{name} line {number} is empty: give one sentence per line, its words separated by "
-          "spaces"
-      )
-    if len(words) > max_words:
-      raise errors.UserError(
-          f"{name} line {number} has {len(words)} words; this model reads at most {max_words} "
-          f"(its config.data.max_len minus the end-of-sentence token): split the sentence"
-      )
+    parser.check_words(words, max_words, f"{name} line {number}")
     sentences.append(words)
   return sentences
 

@@ -50,6 +50,20 @@ def words_of(sentence: Sentence, tokenized: bool | None = None) -> list[str]:
   return scoring.sentence_words(" ".join(sentence))
 
 
+def check_words(words: Sequence[str], max_words: int, where: str) -> None:
+  """A UserError naming `where` (a sentence, a line) if `words` is empty or longer than the
+  model reads (`max_words`: its config.data.max_len minus the end-of-sentence token)."""
+  if not words:
+    raise errors.UserError(
+        f"{where} is empty: give one sentence per line, its words separated by spaces"
+    )
+  if len(words) > max_words:
+    raise errors.UserError(
+        f"{where} has {len(words)} words; this model reads at most {max_words} (its "
+        "config.data.max_len minus the end-of-sentence token): split the sentence"
+    )
+
+
 @dataclasses.dataclass
 class Parser:
   run: Any  # runs.inference.LoadedRun of a parsing run
@@ -82,20 +96,10 @@ class Parser:
   def max_words(self) -> int:
     return self.run.config.data.max_len - 1  # room for the end-of-sentence token
 
-  def check(self, sentences: Sequence[Sequence[str]], where: str = "sentence") -> None:
+  def check(self, sentences: Sequence[Sequence[str]]) -> None:
     """A UserError naming the first empty sentence or one longer than the model reads."""
     for number, words in enumerate(sentences, start=1):
-      if not words:
-        raise errors.UserError(
-            f"{where} {number} is empty: give one sentence per line, its words separated by "
-            "spaces"
-        )
-      if len(words) > self.max_words:
-        raise errors.UserError(
-            f"{where} {number} has {len(words)} words; this model reads at most "
-            f"{self.max_words} (its config.data.max_len minus the end-of-sentence token): split "
-            "the sentence"
-        )
+      check_words(words, self.max_words, f"sentence {number}")
 
   def parse_restored(
       self,
