@@ -430,6 +430,54 @@ def test_predictor_dispatches_on_beam_size():
     decode.Predictor(CONFIG, EXTRA, beam_size=0)
 
 
+def _alternating(log_probs, prefixes, limit, inputs):
+  """A constraint over the whole vocabulary: tokens 3 and 5 (and EOS) after an even number of
+  tokens, 4 (and EOS) after an odd one, renormalized."""
+  del limit, inputs
+  odd = (jnp.sum(prefixes != PAD_ID, axis=-1) % 2 == 1)[..., None]  # [...]
+  token = jnp.arange(VOCAB)
+  legal = (token == EOS_ID) | jnp.where(odd, token == 4, (token == 3) | (token == 5))
+  kept = jnp.where(legal, log_probs, -jnp.inf)
+  return jnp.where(legal, kept - jax.nn.logsumexp(kept, axis=-1, keepdims=True), -jnp.inf)
+
+
+def _alternating_candidates(log_probs, prefixes, limit, inputs):
+  """The same constraint answered as decode.Candidates: a few ids each, in no particular order,
+  one never legal (-inf), and given twice."""
+  dense = _alternating(log_probs, prefixes, limit, inputs)
+  ids = jnp.broadcast_to(jnp.array([5, EOS_ID, 2, 4, 3, 2], jnp.int32), dense.shape[:-1] + (6,))
+  return decode.Candidates(jnp.take_along_axis(dense, ids, axis=-1), ids)
+
+
+def test_a_constraint_may_answer_with_a_few_candidates_and_the_searches_are_the_same():
+  params, inputs = tiny_model()
+  limit = jnp.full(inputs.shape[:1], N, jnp.int32)
+
+  @functools.partial(jax.jit, static_argnames=("beam_size", "constraint"))
+  def search(params, inputs, beam_size, constraint):
+    if beam_size == 1:
+      return decode.greedy_search(DECODER, params, inputs, N, limit, constraint)[0], None
+    tokens, scores, _ = decode.beam_search(
+        DECODER, params, inputs, N, beam_size, 0.6, limit, constraint
+    )
+    return tokens, scores
+
+  for beam_size in (1, 3):
+    dense = search(params, inputs, beam_size, _alternating)
+    few = search(params, inputs, beam_size, _alternating_candidates)
+    np.testing.assert_array_equal(few[0], dense[0])
+    if beam_size > 1:
+      np.testing.assert_allclose(few[1], dense[1], rtol=1e-6)
+    best = np.asarray(dense[0] if beam_size == 1 else dense[0][:, 0])
+    for row in best:  # the constraint was obeyed: 3 or 5, then 4, ..., until EOS
+      body = row[: np.argmax(row == EOS_ID)] if (row == EOS_ID).any() else row
+      assert set(body[0::2]) <= {3, 5} and set(body[1::2]) <= {4}, row
+  candidates = _alternating_candidates(jnp.zeros((2, VOCAB)), jnp.zeros((2, N), jnp.int32), 0, 0)
+  np.testing.assert_array_equal(
+      decode.dense(candidates, VOCAB), _alternating(jnp.zeros((2, VOCAB)), jnp.zeros((2, N)), 0, 0)
+  )
+
+
 def blocks_by_hand(search, params, inputs, n, block, alpha):
   """The search run as Predictor runs it, block after block with the cache grown in between
   (no sentence dropped): the final state."""

@@ -136,3 +136,59 @@ def test_the_notebook_trains_plots_translates_and_draws_attention(tmp_path):
   ]
   assert stdout.count("translated: ") == 5
   assert "source:     " in stdout
+
+
+@pytest.mark.subprocess
+def test_the_notebook_trains_a_parser_and_draws_nltk_trees(shared_data, tmp_path):
+  """CONFIG = "parsing_sample", shrunk to a few articles and a tiny model: the same cells train
+  it, and section 5 parses test sentences and a plain one into nltk trees."""
+  import nbformat
+  from nbclient import NotebookClient
+
+  notebook = nbformat.read(NOTEBOOK, as_version=4)
+  workdir = tmp_path / "run"
+  overrides = {
+      "data.path": str(shared_data / "ptb-sample"),
+      "data.train_split": "0001-0010",
+      "data.eval_split": "0011-0012",
+      "data.test_split": "0013-0014",
+      "data.max_len": 128,
+      "data.num_buckets": 2,
+      "model.d_model": 32,
+      "model.d_ff": 64,
+      "model.num_layers": 1,
+      "train.num_steps": 20,
+      "train.warmup_steps": 10,
+      "train.checkpoint_every": 10,
+      "train.eval_every": 10,
+      "train.average_last": 2,
+      "train.max_train_minutes": 0.0,
+      "eval.beam_size": 1,
+      "eval.max_decode_extra": 100,
+      "eval.num_sentences": 4,
+  }
+  _with_parameters(
+      notebook,
+      (
+          f"CONFIG = 'parsing_sample'\nWORKDIR = {str(workdir)!r}\n"
+          f"OVERRIDES = {overrides!r}\nSENTENCE = ''\n"
+      ),
+  )
+  client = NotebookClient(
+      notebook,
+      km=_kernel(tmp_path),
+      timeout=TIMEOUT_S,
+      resources={"metadata": {"path": str(tmp_path)}},
+  )
+  client.execute()
+
+  code = [c for c in notebook.cells if c.cell_type == "code"]
+  assert all(c.execution_count for c in code), "every code cell ran"
+  stdout = "".join(o.text for c in code for o in _outputs(c, "stream") if o.name == "stdout")
+  assert "test_f1" in json.loads((workdir / "results.json").read_text())
+  # Three trees drawn by nltk's pretty_print (TOP at the top of each); the plain sentence's words
+  # as the Treebank tokenizer splits them.
+  assert stdout.count("TOP") >= 3
+  for word in ("company", "'s", "-LRB-", "$", "3.50", "-RRB-"):
+    assert word in stdout, word
+  assert (workdir / "attention.png").stat().st_size > 10_000

@@ -65,17 +65,22 @@ def _config_only_workdir(tmp_path, source="ptb") -> pathlib.Path:
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize(
-    "data, message",
+    "data, message, args",
     [
-        (b"The dog barks .\n\n", "error: standard input line 2 is empty"),
-        (b"one two three four five six seven eight\n", "error: standard input line 1 has 8 words"),
-        (b"\xff\xfe\n", "error: standard input line 1 is not valid UTF-8"),
+        (b"The dog barks .\n\n", "error: standard input line 2 is empty", []),
+        (
+            b"one two three four five six seven eight\n",
+            "error: standard input line 1 has 8 words",
+            [],
+        ),
+        (b"\xff\xfe\n", "error: standard input line 1 is not valid UTF-8", []),
+        (b"The dog barks .\n", "error: --batch_tokens=0: must be >= 1", ["--batch_tokens=0"]),
     ],
 )
-def test_parse_cli_bad_input_is_one_error_line(tmp_path, data, message):
+def test_parse_cli_bad_input_is_one_error_line(tmp_path, data, message, args):
   workdir = _config_only_workdir(tmp_path)
   proc = subprocess.run(
-      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)],
+      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir), *args],
       input=data,
       capture_output=True,
       cwd=REPO,

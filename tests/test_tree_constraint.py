@@ -117,6 +117,29 @@ def _legal_fn(constraint):
   return jax.jit(constraint.legal)
 
 
+def _dense(constraint):
+  """The constraint's answer as log-probs over the whole vocabulary."""
+  return lambda log_probs, *args, **kwargs: decode.dense(
+      constraint(log_probs, *args, **kwargs), np.shape(log_probs)[-1]
+  )
+
+
+@functools.cache
+def _call_fns(constraint):
+  return jax.jit(constraint.__call__), jax.jit(constraint.reference)
+
+
+def _assert_same_as_reference(constraint, rng, prefixes, limits, inputs):
+  """The constraint's fast form (over its candidates) equals its definition over the whole
+  vocabulary: the same legal tokens, the same renormalized log-probabilities."""
+  log_probs = jax.nn.log_softmax(rng.normal(size=prefixes.shape[:-1] + constraint.kinds.shape))
+  fast, reference = _call_fns(constraint)
+  fast = np.asarray(decode.dense(fast(log_probs, prefixes, limits, inputs), log_probs.shape[-1]))
+  reference = np.asarray(reference(log_probs, prefixes, limits, inputs))
+  np.testing.assert_array_equal(fast == -np.inf, reference == -np.inf)
+  np.testing.assert_allclose(fast, reference, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 @pytest.mark.parametrize("order", trees.ORDERS)
 @pytest.mark.parametrize("closing", ["labeled", "bare"])
@@ -139,6 +162,7 @@ def test_every_prefix_of_every_gold_tree_is_legal_and_eos_comes_last(closing, wo
         [i for i, t in enumerate(tokens) if token_kind(t) == OPEN] if order == "in_order" else []
     )
     assert np.flatnonzero(legal[-1]).tolist() == sorted(ends)
+    _assert_same_as_reference(constraint, np.random.default_rng(1), prefixes, limits, inputs)
     for i in range(len(target)):  # the rule, step by step, as the reference computes it
       expected = reference_legal(tokens, target[:i], source[:-1], closing, words, N, order)
       assert set(np.flatnonzero(legal[i]).tolist()) == expected, (tree, i)
@@ -167,6 +191,7 @@ def test_random_walks_match_the_reference_and_restore_without_repair(closing, wo
       legal = np.asarray(_legal_fn(constraint)(*args))[0]
       expected = reference_legal(tokens, prefix, source[:-1], closing, words, limit, order)
       assert set(np.flatnonzero(legal).tolist()) == expected, (walk, prefix)
+      _assert_same_as_reference(constraint, rng, *args)
       choices = np.flatnonzero(legal)
       kind = rng.choice(sorted(set(kinds[choices])))
       if walk % 3 == 0:  # endless openings, as an untrained model (in order: unary chains)
@@ -210,7 +235,7 @@ def test_renormalizes_over_the_legal_tokens():
   _, tokenizer, tokens, constraint = _setup("labeled", True)
   source = _pad(tokenizer.encode("Pierre Vinken") + [EOS_ID], S)[None]
   log_probs = jax.nn.log_softmax(np.random.default_rng(0).normal(size=(1, len(tokens))))
-  constraint = functools.partial(constraint, limit=np.array([N], np.int32), inputs=source)
+  constraint = functools.partial(_dense(constraint), limit=np.array([N], np.int32), inputs=source)
   # After "(S (NP": the word "Pierre" or a phrase opening, nothing else.
   out = np.asarray(constraint(log_probs, _pad(tokenizer.encode("(S (NP"), N)[None]))[0]
   legal = np.flatnonzero(out > -np.inf)
@@ -255,8 +280,9 @@ def test_a_prefix_with_no_legal_token_gets_minus_infinity_not_nan():
   source = _pad(tokenizer.encode("Pierre") + [EOS_ID], S)[None]
   prefix = _pad(tokenizer.encode(")NP (NNP)"), N)[None]  # depth -1, no word left
   log_probs = np.zeros((1, len(tokens)), np.float32)
-  out = np.asarray(constraint(log_probs, prefix, np.array([N], np.int32), source))
-  assert np.all(out == -np.inf)
+  limit = np.array([N], np.int32)
+  assert np.all(np.asarray(_dense(constraint)(log_probs, prefix, limit, source)) == -np.inf)
+  assert np.all(np.asarray(constraint.reference(log_probs, prefix, limit, source)) == -np.inf)
 
 
 def test_the_config_switch_is_off_by_default_and_for_parsing_runs_only(tmp_path):
@@ -302,9 +328,9 @@ def test_searches_write_only_well_formed_trees_and_agree(words, beam_size, order
   sentences = [t.words()[:6] for t in tree_list] * 2
   inputs = np.stack([_pad(tokenizer.encode(" ".join(s)) + [EOS_ID], 8) for s in sentences])
   extra = 40
-  # One block: one program per search (tests/test_beam_search.py covers the blocks).
+  # Two blocks of cache length (24, 48): the constraint reads each block's window of the prefixes.
   predictor = decode.Predictor(
-      config, extra, beam_size, alpha=0.6, shapes=Shapes(block=None), constraint=constraint
+      config, extra, beam_size, alpha=0.6, shapes=Shapes(block=24), constraint=constraint
   )
   outputs, _ = predictor.search(params, inputs)
   linearization = trees.Linearization("labeled", words, order)

@@ -158,6 +158,23 @@ def define_shapes_flag():
   )
 
 
+def define_batch_tokens_flag():
+  """The decoding commands' --batch_tokens flag (translate, parse): the run's eval.batch_tokens
+  overridden."""
+  flags.DEFINE_integer(
+      "batch_tokens",
+      None,
+      "Source tokens per decoding batch (rows = batch_tokens // padded length); default: the "
+      "run's eval.batch_tokens.",
+      module_name=sys.argv[0],
+  )
+
+
+def check_batch_tokens(value: int | None) -> None:
+  if value is not None and value < 1:
+    raise UserError(f"--batch_tokens={value}: must be >= 1")
+
+
 def define_compilation_cache_flag():
   """The decoding commands' --compilation_cache flag (translate, parse; compilation.py), as the
   program's own: absl's --help lists the flags of the module named sys.argv[0]."""

@@ -148,7 +148,10 @@ def train_section() -> ml_collections.ConfigDict:
 def eval_section() -> ml_collections.ConfigDict:
   """config.eval: evaluation during and after training, and the search's settings (§6.1)."""
   s = ml_collections.ConfigDict()
-  s.batch_size = 64  # sentences per evaluation batch, summed over devices
+  s.batch_size = 64  # sentences per evaluation batch (the loss), summed over devices
+  # Source tokens per decoding batch (rows = batch_tokens // padded length): the searches of the
+  # evaluations and the commands (runs/inference.py; measured in benchmarks/decode.py).
+  s.batch_tokens = 2048
   s.num_sentences = 500  # bounded validation subset for BLEU during training
   s.max_decode_extra = 50  # §6.1: maximum output length = input length + 50
   s.beam_size = 4  # §6.1; 1 = greedy
@@ -336,6 +339,7 @@ def validate_train(config: ml_collections.ConfigDict, check: Check) -> None:
 def validate_eval(config: ml_collections.ConfigDict, check: Check) -> None:
   e = config.eval
   check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
+  check(e.batch_tokens >= 1, "eval.batch_tokens", "must be >= 1")
   check(e.num_sentences >= 1, "eval.num_sentences", "must be >= 1")
   check(e.max_decode_extra >= 1, "eval.max_decode_extra", "must be >= 1")
   check(e.beam_size >= 1, "eval.beam_size", "must be >= 1 (1 = greedy)")

@@ -84,14 +84,9 @@ def _define_flags():
   flags.DEFINE_string("input", None, "Input file (default: standard input).")
   flags.DEFINE_string("output", None, "Output file (default: standard output).")
   flags.DEFINE_integer(
-      "batch_tokens",
-      None,
-      "Source tokens per batch (rows = batch_tokens // padded length); "
-      "default: inference.DEFAULT_BATCH_TOKENS.",
-  )
-  flags.DEFINE_integer(
       "chunk_lines", 20_000, "Lines read, translated and written at a time (memory bound)."
   )
+  cli.define_batch_tokens_flag()
   cli.define_shapes_flag()
   cli.define_compilation_cache_flag()
 
@@ -102,8 +97,7 @@ def main(argv):
   tasks.check_command(args.workdir, "translate")  # a parsing run: one line naming parse
   if args.chunk_lines < 1:
     raise errors.UserError(f"--chunk_lines={args.chunk_lines}: must be >= 1")
-  if args.batch_tokens is not None and args.batch_tokens < 1:
-    raise errors.UserError(f"--batch_tokens={args.batch_tokens}: must be >= 1")
+  cli.check_batch_tokens(args.batch_tokens)
   if args.input and not os.path.isfile(args.input):
     reason = "is a directory" if os.path.isdir(args.input) else "no such file"
     raise errors.UserError(f"--input={args.input}: {reason}")

@@ -30,7 +30,9 @@ sentences leave the batch (`Predictor`); α is traced, so trying several α comp
 
 A constraint (`constrain(log_probs [..., v], prefixes [..., n], limit [b]) -> log_probs`, a
 task's: tasks/base.py) may reshape each step's distribution given each hypothesis' tokens
-so far and its sentence's output limit.
+so far and its sentence's output limit. Where few tokens can ever follow, it may answer with
+`Candidates` (the log-probs of m token ids each, m << v) instead: the searches then choose among
+those m, not the vocabulary, and their results are the same.
 """
 
 from __future__ import annotations
@@ -57,6 +59,25 @@ def output_limits(inputs: jax.Array, extra: int, max_decode_len: int) -> jax.Arr
   (§6.1), within `max_decode_len`."""
   lengths = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32)
   return jnp.minimum(lengths + extra, max_decode_len)
+
+
+class Candidates(NamedTuple):
+  """A constrained step's distribution over a few tokens: `log_probs` [..., m] of the token ids
+  `ids` [..., m] (-inf: not allowed); every token not among them has probability 0. An id may
+  be given twice only if at most one of its entries is finite (a beam would hold it twice)."""
+
+  log_probs: jax.Array  # [..., m] float32
+  ids: jax.Array  # [..., m] int32
+
+
+def dense(candidates: Candidates, vocab: int) -> jax.Array:
+  """Candidates [..., m] as the log-probs [..., v] they stand for (-inf elsewhere; an id given
+  twice keeps its highest value). For tests and inspection: the searches never build it."""
+  ids = candidates.ids.reshape(-1, candidates.ids.shape[-1])  # [rows, m]
+  rows = jnp.arange(ids.shape[0])[:, None]
+  out = jnp.full((ids.shape[0], vocab), -jnp.inf, jnp.float32)
+  out = out.at[rows, ids].max(candidates.log_probs.reshape(ids.shape))  # [rows, v]
+  return out.reshape(candidates.ids.shape[:-1] + (vocab,))
 
 
 # ----------------------------------------------------------------------------- greedy search
@@ -90,7 +111,11 @@ class Greedy:
   def _emit(self, state: GreedyState, log_probs) -> GreedyState:
     if self.constrain is not None:
       log_probs = self.constrain(log_probs, state.out, state.limit)
-    token = top_k.argmax(log_probs)  # [b]: the first maximum, as jnp.argmax
+    if isinstance(log_probs, Candidates):  # the best of a few [b, m]
+      best = top_k.argmax(log_probs.log_probs)  # [b]
+      token = jnp.take_along_axis(log_probs.ids, best[:, None], axis=-1)[:, 0]
+    else:
+      token = top_k.argmax(log_probs)  # [b]: the first maximum, as jnp.argmax
     token = jnp.where(state.finished, PAD_ID, token)
     finished = state.finished | (token == EOS_ID) | (state.step + 1 >= state.limit)
     out = state.out.at[:, state.step].set(token)
@@ -153,16 +178,19 @@ class Beam:
     batch, k = state.alive_log_probs.shape
     tokens = state.alive_seqs[:, :, state.step - 1].reshape(batch * k)  # [r]
     log_probs, cache = step_fn(tokens, cache, state.step, state.slots)  # [r, v]
-    grown, parents = self._extend(state, log_probs.astype(jnp.float32).reshape(batch, k, -1), alpha)
+    grown, parents = self._extend(state, log_probs.reshape(batch, k, -1), alpha)
     slots = _take_beams(state.slots, parents).at[:, :, state.step].set(parents)  # [b, k, n]
     grown = grown._replace(slots=slots)
     done = self.done(state, alpha)  # [b]
     return jax.tree.map(lambda new, old: _where_sentence(done, old, new), grown, state), cache
 
   def _extend(self, state: BeamState, log_probs, alpha) -> tuple[BeamState, jax.Array]:
+    log_probs = log_probs.astype(jnp.float32)
     if self.constrain is not None:
       log_probs = self.constrain(log_probs, state.alive_seqs, state.limit)
-    return _grow(state, log_probs, alpha)
+    if not isinstance(log_probs, Candidates):  # every token of the vocabulary a candidate
+      return _grow(state, log_probs, None, alpha)
+    return _grow(state, log_probs.log_probs, log_probs.ids, alpha)
 
   def done(self, state: BeamState, alpha) -> jax.Array:
     """[b] bool: at the limit, or no alive hypothesis can beat the worst finished one (with
@@ -202,8 +230,9 @@ def _take_beams(x: jax.Array, index: jax.Array) -> jax.Array:
   return x[jnp.arange(x.shape[0])[:, None], index]
 
 
-def _grow(state: BeamState, log_probs: jax.Array, alpha) -> tuple[BeamState, jax.Array]:
-  """Extends every alive hypothesis by every token. log_probs [b, k, v] -> (state, parents [b, k]).
+def _grow(state: BeamState, log_probs: jax.Array, ids, alpha) -> tuple[BeamState, jax.Array]:
+  """Extends every alive hypothesis by every token. log_probs [b, k, v] -> (state, parents [b, k]);
+  with `ids` [b, k, m], log_probs [b, k, m] are those tokens' (`Candidates`), the rest excluded.
 
   The beam of this step is the top k of all k*v extensions. Those ending in EOS move to the
   finished set (so with k = 1 this is exactly greedy's choice); the alive set is refilled with the
@@ -215,7 +244,10 @@ def _grow(state: BeamState, log_probs: jax.Array, alpha) -> tuple[BeamState, jax
   candidates = state.alive_log_probs[:, :, None] + log_probs  # [b, k, v]
   top_log_probs, top_index = top_k.top_extensions(candidates, 2 * beam)  # [b, 2k]
   parents = top_index // vocab  # [b, 2k]
-  tokens = (top_index % vocab).astype(jnp.int32)  # [b, 2k]
+  if ids is None:
+    tokens = (top_index % vocab).astype(jnp.int32)  # [b, 2k]
+  else:  # vocab is m here: the candidates' own ids
+    tokens = jnp.take_along_axis(ids.reshape(ids.shape[0], -1), top_index, axis=1)  # [b, 2k]
   seqs = _take_beams(state.alive_seqs, parents).at[:, :, i].set(tokens)  # [b, 2k, n]
   is_eos = tokens == EOS_ID
   # Alive: the k best that continue (an EOS candidate never stays alive, so is never extended).
@@ -378,7 +410,7 @@ class Predictor:
     """Encodes, runs the first step and the first block (`_block_impl`) of a batch."""
     log_probs, beams, sentence = self.decoder.start(params, inputs, end)
     limit = output_limits(inputs, self.max_decode_extra, n)
-    search = _search(beam_size, self.constraint, inputs, best_only=True)
+    search = _search(beam_size, self.constraint, inputs, best_only=True, window=end)
     state = search.init(log_probs, limit, n, alpha)
     if beam_size > 1:
       beams = self.decoder.add_beams(beams, beam_size)
@@ -391,7 +423,7 @@ class Predictor:
     done [b], steps run so far, the best tokens so far [b, n])."""
     if keep is not None:
       carry = jax.tree.map(lambda x: x if x.ndim == 0 else x[keep], carry)
-    search = _search(beam_size, self.constraint, carry.inputs, best_only=True)
+    search = _search(beam_size, self.constraint, carry.inputs, best_only=True, window=end)
     step_fn = self.decoder.step_fn(params, carry.inputs, carry.sentence)
     beams = self.decoder.grow(carry.beams, end, beam_size)
     state, beams = run_steps(search, step_fn, carry.state, beams, alpha, end, exit_at)
@@ -483,9 +515,19 @@ class Predictor:
     return len(self.signatures)
 
 
-def _search(beam_size: int, constraint=None, inputs=None, best_only=False) -> Greedy | Beam:
-  """The search for `beam_size`, constrained by `constraint` bound to the batch's `inputs`."""
-  constrain = None if constraint is None else functools.partial(constraint, inputs=inputs)
+def _search(
+    beam_size: int, constraint=None, inputs=None, best_only=False, window: int | None = None
+) -> Greedy | Beam:
+  """The search for `beam_size`, constrained by `constraint` bound to the batch's `inputs`.
+  `window`: the constraint reads only the first `window` positions of each prefix (a block of
+  `Predictor` steps below its cache length `end`, whose later positions are all PAD)."""
+  if constraint is None:
+    constrain = None
+  else:
+
+    def constrain(log_probs, prefixes, limit):
+      return constraint(log_probs, prefixes[..., :window], limit, inputs=inputs)
+
   return Greedy(constrain=constrain) if beam_size == 1 else Beam(beam_size, constrain, best_only)
 
 

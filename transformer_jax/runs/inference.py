@@ -260,7 +260,7 @@ class LoadedRun:
           self.mesh,
           beam_size=self.beam_size if beam_size is None else beam_size,
           alpha=self.alpha if alpha is None else alpha,
-          batch_tokens=batch_tokens,
+          batch_tokens=self.config.eval.batch_tokens if batch_tokens is None else batch_tokens,
           stats=stats,
       )
     return [self.tokenizer.decode(tokens.tolist()) for tokens in outputs]

@@ -303,6 +303,7 @@ class Trainer:
           self.mesh,
           beam_size=self.config.eval.beam_size,
           alpha=self.config.eval.alpha,
+          batch_tokens=self.config.eval.batch_tokens,
       )
     return [tokenizer.decode(tokens.tolist()) for tokens in outputs]
 

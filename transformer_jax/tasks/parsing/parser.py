@@ -107,14 +107,16 @@ class Parser:
       tokenized: bool | None = None,
       beam_size: int | None = None,
       alpha: float | None = None,
+      stats: dict | None = None,
   ) -> list[trees.Restored]:
-    """`trees.Restored` (the tree and how many repairs it needed) of each sentence, in order."""
+    """`trees.Restored` (the tree and how many repairs it needed) of each sentence, in order;
+    `stats` as `LoadedRun.translate_ids`'."""
     words = [words_of(s, tokenized) for s in sentences]
     self.check(words)
     run = self.run
     known = set(run.tokenizer.words)
     encoded = [ptb.encode_words(run.tokenizer, known, w) for w in words]
-    hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha)
+    hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha, stats=stats)
     linearization = trees.Linearization.from_config(run.config.parsing)
     return scoring.to_trees(hypotheses, words, linearization)
 
