@@ -62,9 +62,6 @@ def main(argv):
   from transformer_jax.data import pipeline
   from transformer_jax.tasks.parsing import evalb, parser, scoring, trees
 
-  overrides = {}
-  if _CONSTRAINTS.value is not None:
-    overrides["parsing.tree_constraints"] = _CONSTRAINTS.value
   loaded = parser.Parser.load(
       _WORKDIR.value, _CHECKPOINT.value, tree_constraints=_CONSTRAINTS.value, shapes=_SHAPES.value
   )

@@ -1,7 +1,7 @@
 """Parse sentences with a trained §6.3 parsing run: one sentence in, one bracketed tree out.
 
   python -m transformer_jax.parse --workdir DIR [--checkpoint auto|STEP|latest|avg]
-      [--beam_size 1] [--alpha 0.3] [--[no]tree_constraints] [--batch_tokens N]
+      [--beam_size 21] [--alpha 0.3] [--[no]tree_constraints] [--batch_tokens N]
       < sentences.txt > trees.mrg
   python -m transformer_jax.parse --workdir DIR --input sentences.txt --output trees.mrg
   python -m transformer_jax.parse --workdir DIR --tokenize < plain_sentences.txt > trees.mrg

@@ -136,12 +136,7 @@ class TreeConstraint:
     r = self._rules(prefixes, limit, inputs)
     log_probs = log_probs.astype(jnp.float32)
     candidates = jnp.asarray(self.candidates)  # [c]
-    kind, tag_class = jnp.asarray(self.kinds)[candidates], jnp.asarray(self.tag_class)[candidates]
-    legal = (kind == OPEN) & r.can_open[..., None]  # [..., c]
-    tag = (kind == TAG) & jnp.where(r.punctuation[..., None], tag_class > 0, tag_class != 1)
-    legal |= tag & (r.pending if self.words else r.shift)[..., None]
-    legal |= (candidates == r.close[..., None]) & r.can_close[..., None]
-    legal |= (candidates == EOS_ID) & r.can_end[..., None]
+    legal = self._legal_among(r, candidates)  # [..., c]
     scores = jnp.take(log_probs, candidates, axis=-1)  # [..., c]
     ids = jnp.broadcast_to(candidates, scores.shape)
     if self.words:  # the one legal word takes the mass of every word (module docstring)
@@ -181,18 +176,22 @@ class TreeConstraint:
   def legal(self, prefixes: jax.Array, limit: jax.Array, inputs: jax.Array) -> jax.Array:
     """[..., v] bool: the tokens that may follow each prefix [..., n]."""
     r = self._rules(prefixes, limit, inputs)
-    vocab, kind = jnp.arange(self.kinds.shape[0]), jnp.asarray(self.kinds)  # [v]: id, kind
-    tag_class = jnp.asarray(self.tag_class)  # [v]
+    vocab = jnp.arange(self.kinds.shape[0])  # [v]
+    legal = self._legal_among(r, vocab)
+    if self.words:
+      legal |= (vocab == r.next_word[..., None]) & (r.free & r.shift)[..., None]
+    return legal  # [..., v]
+
+  def _legal_among(self, r: _Rules, ids: jax.Array) -> jax.Array:
+    """[..., c] bool: which of the token ids [c] that are not words `r` allows (a word id: never;
+    the next word is `r.next_word`, legal where `r.free & r.shift`)."""
+    kind, tag_class = jnp.asarray(self.kinds)[ids], jnp.asarray(self.tag_class)[ids]  # [c]
     legal = (kind == OPEN) & r.can_open[..., None]
     tag = (kind == TAG) & jnp.where(r.punctuation[..., None], tag_class > 0, tag_class != 1)
-    if self.words:
-      legal |= tag & r.pending[..., None]
-      legal |= (vocab == r.next_word[..., None]) & (r.free & r.shift)[..., None]
-    else:
-      legal |= tag & r.shift[..., None]
-    legal |= (vocab == r.close[..., None]) & r.can_close[..., None]
-    legal |= (vocab == EOS_ID) & r.can_end[..., None]
-    return legal  # [..., v]
+    legal |= tag & (r.pending if self.words else r.shift)[..., None]
+    legal |= (ids == r.close[..., None]) & r.can_close[..., None]
+    legal |= (ids == EOS_ID) & r.can_end[..., None]
+    return legal
 
   def _rules(self, prefixes: jax.Array, limit: jax.Array, inputs: jax.Array) -> _Rules:
     """What each prefix [..., n] allows next (`_Rules`), from its tokens."""
