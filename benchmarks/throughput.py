@@ -26,7 +26,7 @@ multiply-add; the backward pass costs twice the forward, so training = 3x forwar
                   decoder:  M * B*T * (2 e (k+v) + 2 e f)        self-attention proj. and FFN
                           + M * e (k+v) * (B*T + B*S)            cross-attention Q,O / K,V
                           + M * (B*T^2 + B*T*S) * (k+v)          self- and cross-attention
-                  output:   B*T * e * V ]                         pre-softmax projection
+                  output:   B*T * e * V ]                         pre-softmax projection, V outputs
   per step = 3 * forward
 
 i.e. 6 * (matmul parameters) * tokens plus the attention terms, with B rows, S/T source/target
@@ -83,7 +83,7 @@ _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also time forward and forwar
 def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> float:
   """Matmul FLOPs of one training step (forward + backward); see the module docstring."""
   B, S, T = batch, source_len, target_len
-  e, f, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+  e, f, V = cfg.d_model, cfg.d_ff, cfg.num_outputs
   N, M = cfg.num_layers, cfg.decoder_layers
   # h*d_k and h*d_v: both e unless the config sets d_k, d_v (Table 3 rows (A), (B)).
   k, v = cfg.num_heads * cfg.head_key_dim, cfg.num_heads * cfg.head_value_dim
@@ -186,6 +186,7 @@ def main(argv):
   import numpy as np
 
   from transformer_jax import config as config_lib
+  from transformer_jax import tasks
   from transformer_jax.data import pipeline
   from transformer_jax.data.tokenizer import PAD_ID
   from transformer_jax.parallel import xla_flags
@@ -205,8 +206,19 @@ def main(argv):
   xla_flags.apply(config.xla_flags)  # as train.run does: the step timed is the step trained
   dataset = None if _BATCH_SIZE.value else pipeline.load_dataset(config)
   vocab_size = dataset.tokenizer.vocab_size if dataset else config.data.vocab_size
-  model_config = config_lib.model_config(config, vocab_size)
-  trainer = train.Trainer(config, model_config)
+  if dataset is None:
+    trainer = train.Trainer(config, config_lib.model_config(config, vocab_size))
+  else:  # the task's model, batch transform and loss, as train.py builds them
+    task, tokenizer = tasks.get(config.task), dataset.tokenizer
+    trainer = train.Trainer(
+        config,
+        config_lib.run_model_config(config, tokenizer),
+        None,
+        task.constraint(config, tokenizer),
+        task.batch_transform(config, tokenizer),
+        task.interchangeable_tokens(config, tokenizer),
+    )
+  model_config = trainer.model_config
   if dataset is None:
     host_batch = synthetic_batch(_BATCH_SIZE.value, _SEQ_LEN.value, vocab_size)
     source = "random tokens (--batch_size, --seq_len)"

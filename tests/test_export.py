@@ -269,6 +269,15 @@ def test_d_k_different_from_d_v_is_refused_naming_the_variant(vocab_file, tmp_pa
   assert not (tmp_path / "new").exists() and os.listdir(tmp_path) == []
 
 
+def test_a_model_with_one_output_for_many_ids_is_refused(vocab_file, tmp_path):
+  model_config = tiny_config(output_tokens=5)  # ids 0-4 and one output for the rest
+  with pytest.raises(ctranslate2_model.ExportError, match="output_tokens.*cannot be exported"):
+    ctranslate2_model.export_ctranslate2(
+        model_config, random_params(model_config), vocab_file, str(tmp_path / "new")
+    )
+  assert not (tmp_path / "new").exists()
+
+
 def test_export_of_a_d_k_d_v_run_is_refused_from_its_config_before_any_checkpoint(tmp_path):
   config = tiny_train_config()
   config.model.key_dim = 4  # Table 3 row B: d_v stays d_model / h = 8

@@ -1,8 +1,11 @@
 """Label-smoothed cross entropy (§5.4) and token accuracy against hand computations."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer_jax.training import losses
 from transformer_jax.training.losses import label_smoothed_cross_entropy, token_accuracy
 
 V = 5  # vocabulary
@@ -137,3 +140,21 @@ def test_token_accuracy_with_a_word_set_counts_any_word_at_a_word():
   assert float(token_accuracy(logits, targets, weights)) == 1.0  # only position 2
   # Position 0: target word 4, predicted word 3: right; position 1: not a word target.
   assert float(token_accuracy(logits, targets, weights, word_set)) == 2.0
+
+
+def test_output_targets_map_ids_to_the_models_outputs():
+  """TransformerConfig.output_tokens N: ids below N are their own outputs, later ids and those
+  of the set are output N; the loss over N + 1 outputs is then -log p of that output."""
+  targets = jnp.array([[0, 1, 4, 5, 9, 3]])
+  words = np.zeros(12, bool)
+  words[[3, 5, 6, 7, 8, 9, 10, 11]] = True
+  np.testing.assert_array_equal(losses.output_targets(targets, 5), [[0, 1, 4, 5, 5, 3]])
+  np.testing.assert_array_equal(losses.output_targets(targets, 5, words), [[0, 1, 4, 5, 5, 5]])
+  logits = jax.random.normal(jax.random.key(0), (1, 6, 6))
+  mapped = losses.output_targets(targets, 5, words)
+  weights = (targets != 0).astype(jnp.float32)
+  _, nll, count = losses.label_smoothed_cross_entropy(logits, mapped, weights, 0.0)
+  log_p = jax.nn.log_softmax(logits)
+  expected = -sum(float(log_p[0, i, j]) for i, j in enumerate([0, 1, 4, 5, 5, 5]) if i)
+  np.testing.assert_allclose(nll, expected, rtol=1e-5)
+  assert float(count) == 5

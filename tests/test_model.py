@@ -233,6 +233,34 @@ def test_shared_embedding_is_the_pre_softmax_projection(post_params):
   np.testing.assert_allclose(logits, np.asarray(y) @ embedding.T, atol=1e-5)
 
 
+@pytest.mark.parametrize("share_embeddings", [True, False])
+def test_output_tokens_score_the_first_ids_and_one_output_for_the_rest(
+    post_params, share_embeddings
+):
+  """TransformerConfig.output_tokens N: logits [b, t, N + 1]; column i < N is id i's (the shared
+  matrix's row i, §3.4), column N is one more vector's, `other_output`."""
+  config = CONFIG.replace(output_tokens=9, share_embeddings=share_embeddings)
+  shapes = param_shapes(config)
+  inputs, decoder_inputs = example()
+  if not share_embeddings:
+    assert shapes["output_projection"]["kernel"].shape == (32, 10) and "other_output" not in shapes
+    params = random_params(config)
+    assert logits_of(config, params, inputs, decoder_inputs).shape == (BATCH, TARGET_LEN, 10)
+    return
+  assert shapes["other_output"].shape == (32,)
+  assert shapes["shared_embedding"]["embedding"].shape == (40, 32)  # inputs: every id
+  embedding = np.asarray(post_params["shared_embedding"]["embedding"])
+  # The other output given id 17's row: its logit is then id 17's in the whole-vocabulary model.
+  params = {**post_params, "other_output": embedding[17]}
+  logits = np.asarray(logits_of(config, params, inputs, decoder_inputs))
+  everything = np.asarray(logits_of(CONFIG, post_params, inputs, decoder_inputs))
+  assert logits.shape == (BATCH, TARGET_LEN, 10)
+  np.testing.assert_allclose(logits[..., :9], everything[..., :9], atol=1e-5)
+  np.testing.assert_allclose(logits[..., 9], everything[..., 17], atol=1e-5)
+  with pytest.raises(ValueError, match="output_tokens"):
+    CONFIG.replace(output_tokens=40)
+
+
 def test_embedding_is_scaled_by_sqrt_d_model():
   embedding = np.random.default_rng(0).standard_normal((40, 32)).astype(np.float32)
   tokens = np.array([[3, 0, 39], [7, 7, 1]])

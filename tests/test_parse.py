@@ -112,15 +112,8 @@ def test_a_command_refuses_another_tasks_run_in_one_line(tmp_path, command, sour
   assert stderr.rstrip().endswith(f"use python -m transformer_jax.{right} for it"), stderr
 
 
-@pytest.mark.slow
-def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
-  """A tiny model trained for a minute on a few articles: results.json has EVALB's figures, the
-  compiled EVALB agrees on test_trees.mrg / test_gold.mrg, and the parse command writes one tree
-  per input line over exactly the input's words."""
-  import jax
-
-  from transformer_jax.training import train
-
+def _tiny_sample_config(shared_data):
+  """The sample's recipe made tiny: a few articles, a 1-layer d_model-32 model, 60 updates."""
   config = parsing_sample.get_config()
   config.data.path = str(shared_data / "ptb-sample")
   config.data.train_split, config.data.eval_split, config.data.test_split = (
@@ -136,14 +129,38 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   config.data.tokens_per_batch = 2048
   config.train.num_steps, config.train.warmup_steps = 60, 20
   config.train.lr_multiplier = 4.0
-  config.parsing.word_dropout = 0.1  # trained through the whole run (ptb.drop_words)
-  config.parsing.word_loss = "any"  # likewise (training/losses.py)
   config.train.checkpoint_every, config.train.eval_every = 30, 30
   config.train.average_last = 2
   config.train.max_train_minutes = 0.0
   # Room for a well-formed tree with words (two tokens per word) for every sentence here.
   config.eval.beam_size, config.eval.max_decode_extra = 2, 100
   config.eval.num_sentences = 8
+  return config
+
+
+def _parse(workdir, text: str, *args: str) -> subprocess.CompletedProcess:
+  """`python -m transformer_jax.parse --workdir WORKDIR ARGS < text`."""
+  return subprocess.run(
+      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir), *args],
+      input=text.encode(),
+      capture_output=True,
+      cwd=REPO,
+      timeout=600,
+  )
+
+
+@pytest.mark.slow
+def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
+  """A tiny model trained for a minute on a few articles: results.json has EVALB's figures, the
+  compiled EVALB agrees on test_trees.mrg / test_gold.mrg, and the parse command writes one tree
+  per input line over exactly the input's words."""
+  import jax
+
+  from transformer_jax.training import train
+
+  config = _tiny_sample_config(shared_data)
+  config.parsing.word_dropout = 0.1  # trained through the whole run (ptb.drop_words)
+  config.parsing.word_loss = "any"  # likewise (training/losses.py)
   workdir = tmp_path / "run"
   results = train.run(config, str(workdir), devices=jax.devices()[:1])
   for key in ("test_f1", "test_precision", "test_recall", "test_complete_match", "test_repaired"):
@@ -181,13 +198,7 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   assert "test_f1" in tuned and (workdir / "test_trees.tuned.mrg").is_file()
 
   sentences = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
-  proc = subprocess.run(
-      [sys.executable, "-m", "transformer_jax.parse", "--workdir", str(workdir)],
-      input=sentences.encode(),
-      capture_output=True,
-      cwd=REPO,
-      timeout=600,
-  )
+  proc = _parse(workdir, sentences)
   assert proc.returncode == 0, proc.stderr.decode()[-2000:]
   out = proc.stdout.decode().splitlines()
   assert len(out) == 2 and "sentences;" in proc.stderr.decode()
@@ -243,3 +254,29 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   assert [nltk.Tree.fromstring(line) for line in proc.stdout.decode().splitlines()] == parsed
   with pytest.raises(errors.UserError, match="sentence 2 is empty"):
     loaded.parse(["Fine.", "   "])
+
+
+@pytest.mark.slow
+def test_one_output_for_every_word_trains_evaluates_and_parses(shared_data, tmp_path):
+  """parsing.word_output="one": the output layer scores the tree tokens and one output for the
+  words; a tiny run trains, evaluates and parses over exactly the input's words, and the parse
+  command refuses to decode it without the constraint, in one line."""
+  import jax
+
+  from transformer_jax.training import train
+
+  config = _tiny_sample_config(shared_data)
+  config.parsing.word_output = "one"
+  workdir = tmp_path / "run"
+  results = train.run(config, str(workdir), devices=jax.devices()[:1])
+  assert results["test_repaired"] == 0 and 0.0 <= results["test_f1"] <= 100.0
+  assert results["eval_nll"] > 0.0
+  sentences = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
+  proc = _parse(workdir, sentences)
+  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+  words = [scoring.sentence_words(line) for line in sentences.splitlines()]
+  assert [trees.parse_trees(line)[0].words() for line in proc.stdout.decode().splitlines()] == words
+  proc = _parse(workdir, sentences, "--notree_constraints")
+  lines = proc.stderr.decode().strip().splitlines()
+  assert proc.returncode != 0 and len(lines) == 1, lines
+  assert "parsing.word_output" in lines[0] and "tree_constraints=True" in lines[0]

@@ -1,6 +1,7 @@
 """The Penn Treebank source (tasks/parsing/ptb.py): article selection, the LDC layout, vocabulary,
 errors."""
 
+import json
 import shutil
 
 import jax
@@ -243,3 +244,40 @@ def test_word_loss_config_and_word_set():
   for token, is_word in zip(tokens, words):  # words, <unk> and its classes; no tree token
     assert is_word == (token not in ("<pad>", "</s>", "<s>") and not trees.is_tree_token(token))
   assert words.any() and not words.all()
+
+
+def test_word_output_config_output_tokens_and_resume_check(tmp_path):
+  """parsing.word_output="one": needs the words in the targets and the constraint that writes
+  them; N is the tree tokens' end of the vocabulary; a workdir keeps its choice."""
+  from transformer_jax import tasks
+  from transformer_jax.training import train
+
+  config = parsing_sample.get_config()
+  config.parsing.word_output = "one"
+  config_lib.validate(config)
+  for key, value, message in (
+      ("tree_words", False, "parsing.word_output.*tree_words=True"),
+      ("tree_constraints", False, "parsing.word_output.*tree_constraints=True"),
+      ("word_loss", "any", "parsing.word_loss.*leave word_loss 'exact'"),
+      ("word_output", "some", "expected 'vocabulary' or 'one'"),
+  ):
+    changed = config_lib.from_saved(json.loads(config.to_json_best_effort()))
+    changed.parsing[key] = value
+    with pytest.raises(config_lib.ConfigError, match=message):
+      config_lib.validate(changed)
+  train_trees = [trees.preprocess(t) for t in trees.parse_trees(THREE_TREES)]
+  tokenizer = ptb.build_vocabulary(train_trees, "labeled", vocab_size=64)
+  tokens = ["<pad>", "</s>", "<s>", "<unk>"] + tokenizer.words
+  n = tree_constraint.output_tokens(tokenizer)
+  assert trees.is_tree_token(tokens[n - 1]) and not any(map(trees.is_tree_token, tokens[n:]))
+  model = config_lib.run_model_config(config, tokenizer)
+  assert model.output_tokens == n and model.num_outputs == n + 1
+  assert tasks.get("parsing").interchangeable_tokens(config, tokenizer).tolist() == (
+      tree_constraint.word_set(tokenizer).tolist()
+  )
+  config.parsing.word_output = "vocabulary"
+  assert config_lib.run_model_config(config, tokenizer).num_outputs == tokenizer.vocab_size
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  config.parsing.word_output = "one"  # the same config.model, other parameters: refused
+  with pytest.raises(config_lib.ConfigError, match="parsing.word_output.*vocabulary.*one"):
+    train._check_workdir_config(str(tmp_path), config)

@@ -104,6 +104,7 @@ def test_a_config_json_written_before_tasks_loads_into_the_sections(kind, tmp_pa
         "tree_order": "in_order",
         "word_dropout": 0.0,
         "word_loss": "exact",
+        "word_output": "vocabulary",  # a key added since: its default
         "tree_constraints": True,
     }
     assert config.model.d_model == 128 and config.data.packed_source_len == 96

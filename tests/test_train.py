@@ -459,6 +459,10 @@ def test_a_model_key_the_model_lacks_fails_naming_it():
   config.model.num_layerz = 2
   with pytest.raises(config_lib.ConfigError, match=r"config\.model\.num_layerz"):
     config_lib.validate(config)
+  del config.model["num_layerz"]
+  config.model.output_tokens = 8  # the task's, from the vocabulary: not a key to set
+  with pytest.raises(config_lib.ConfigError, match=r"config\.model\.output_tokens.*task"):
+    config_lib.validate(config)
 
 
 def test_a_saved_config_loads_on_todays_defaults_and_its_run_resumes(tmp_path):

@@ -35,7 +35,7 @@ def average_workdir(workdir: str, num: int) -> list[int]:
     tokenizer = pipeline.load_workdir_tokenizer(workdir)
   except (FileNotFoundError, ValueError) as e:
     raise errors.UserError(str(e)) from None
-  model_config = config_lib.model_config(config, tokenizer.vocab_size)
+  model_config = config_lib.run_model_config(config, tokenizer)
   mesh = sharding.make_mesh(config.mesh)
   abstract = inference.abstract_params(model_config, sharding.replicated(mesh))
   # averaged/ is the run's own (its final evaluation writes it too), and a training run deletes

@@ -179,16 +179,33 @@ def distributed_section() -> ml_collections.ConfigDict:
   return s
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
-  """The model `config.model` describes, over a vocabulary of `vocab_size` pieces."""
-  fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+def model_config(
+    config: ml_collections.ConfigDict, vocab_size: int, output_tokens: int = 0
+) -> TransformerConfig:
+  """The model `config.model` describes, over a vocabulary of `vocab_size` pieces, scoring
+  `output_tokens` of them one by one (0: all; a task's choice, `run_model_config`)."""
+  # Not config.model's: the vocabulary's size, the modes, and the outputs a task chooses.
+  fields = {f.name for f in dataclasses.fields(TransformerConfig)} - {
+      "vocab_size", "deterministic", "decode", "output_tokens"
+  }  # fmt: skip
   unknown = sorted(set(config.model) - fields)
   if unknown:
     raise ConfigError(
-        f"config.model.{unknown[0]}: not a field of model_config.TransformerConfig "
-        f"(expected one of {sorted(fields - {'vocab_size', 'deterministic', 'decode'})})"
+        f"config.model.{unknown[0]}: not a key of config.model (expected one of "
+        f"{sorted(fields)}; the vocabulary and the outputs come from the run's data and task)"
     )
-  return TransformerConfig(vocab_size=vocab_size, **config.model.to_dict())
+  return TransformerConfig(
+      vocab_size=vocab_size, output_tokens=output_tokens, **config.model.to_dict()
+  )
+
+
+def run_model_config(config: ml_collections.ConfigDict, tokenizer) -> TransformerConfig:
+  """The model of a run of `config` over `tokenizer`'s vocabulary, scoring the outputs its task
+  chooses (`Task.output_tokens`): what training, averaging and the commands build."""
+  from transformer_jax import tasks  # tasks import this module
+
+  output_tokens = tasks.get(config.task).output_tokens(config, tokenizer)
+  return model_config(config, tokenizer.vocab_size, output_tokens)
 
 
 # Keys of a parsing run that lived in the generic sections before the parsing task had its own

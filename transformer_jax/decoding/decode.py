@@ -32,7 +32,9 @@ A constraint (`constrain(log_probs [..., v], prefixes [..., n], limit [b]) -> lo
 task's: tasks/base.py) may reshape each step's distribution given each hypothesis' tokens
 so far and its sentence's output limit. Where few tokens can ever follow, it may answer with
 `Candidates` (the log-probs of m token ids each, m << v) instead: the searches then choose among
-those m, not the vocabulary, and their results are the same.
+those m, not the vocabulary, and their results are the same. A model with `output_tokens`
+(model/config.py) gives fewer log-probs than v, one for many ids: only a constraint answering
+with `Candidates` says which id each hypothesis writes.
 """
 
 from __future__ import annotations
@@ -394,6 +396,11 @@ class Predictor:
       constraint: Callable | None = None,
   ):  # fmt: skip
     _check_beam_size(beam_size)
+    if config.output_tokens and constraint is None:
+      raise ValueError(
+          f"a model with output_tokens={config.output_tokens} scores every later id as one "
+          "output: only a constraint (answering with Candidates) can say which id it writes"
+      )
     if not isinstance(shapes, Shapes) and shapes not in batch_shapes.NAMES:
       raise ValueError(f"shapes={shapes!r}: expected a Shapes or one of {batch_shapes.NAMES}")
     self.config, self.max_decode_extra = config, max_decode_extra

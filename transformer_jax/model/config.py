@@ -62,6 +62,11 @@ class TransformerConfig:
   attention_dropout_rate: float = 0.0  # not used by the paper
   max_len: int = 256  # longest sequence the positional table covers
   share_embeddings: bool = True  # §3.4: one matrix for both embeddings and the pre-softmax layer
+  # 0 (the paper): the decoder scores every vocabulary id. N > 0 (a task's deviation, set from
+  # its vocabulary, never by hand: tasks/base.py Task.output_tokens, config.run_model_config):
+  # logits [..., N + 1], ids 0..N-1 one by one and one more output, "any other token", with its
+  # own weights.
+  output_tokens: int = 0
   positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
   norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in §3.1; "pre": pre-LN
   layer_norm_epsilon: float = 1e-6
@@ -103,6 +108,10 @@ class TransformerConfig:
         ),
         (self.max_len > 0, f"max_len={self.max_len} must be positive"),
         (
+            0 <= self.output_tokens < self.vocab_size,
+            f"output_tokens={self.output_tokens} not in [0, vocab_size={self.vocab_size})",
+        ),
+        (
             self.positional in ("sinusoidal", "learned"),
             f"positional={self.positional!r}; expected 'sinusoidal' or 'learned'",
         ),
@@ -140,6 +149,11 @@ class TransformerConfig:
   @property
   def decoder_layers(self) -> int:
     return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+  @property
+  def num_outputs(self) -> int:
+    """The decoder's logits per position: the vocabulary, or `output_tokens` + 1."""
+    return self.output_tokens + 1 if self.output_tokens else self.vocab_size
 
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)

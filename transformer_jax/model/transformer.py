@@ -213,8 +213,11 @@ class Embed(nn.Module):
     return x * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
 
   def attend(self, x: jax.Array) -> jax.Array:
-    """x [b, t, e] -> logits [b, t, v] in float32 (accumulated in float32 even for bf16 x)."""
+    """x [b, t, e] -> logits [b, t, v] in float32 (accumulated in float32 even for bf16 x); with
+    `output_tokens` N, over ids 0..N-1 only."""
     embedding = self.embedding.astype(self.config.dtype)
+    if self.config.output_tokens:
+      embedding = embedding[: self.config.output_tokens]
     return _output_projection(x, embedding)
 
 
@@ -453,13 +456,24 @@ class Transformer(nn.Module):
       self.target_embedding = Embed(cfg)
       source_embed, target_embed = self.source_embedding, self.target_embedding
       self.output_projection = nn.DenseGeneral(
-          cfg.vocab_size,
+          cfg.num_outputs,
           use_bias=False,
           dtype=cfg.dtype,
           param_dtype=cfg.param_dtype,
           kernel_init=nn.with_logical_partitioning(
               default_kernel_init, (sharding.EMBED, sharding.VOCAB)
           ),
+      )
+    if cfg.share_embeddings and cfg.output_tokens:
+      # The weights of the one output for every id from `output_tokens` on (model/config.py),
+      # drawn as an embedding row is.
+      self.other_output = self.param(
+          "other_output",
+          nn.with_logical_partitioning(
+              nn.initializers.normal(stddev=cfg.d_model**-0.5), (sharding.EMBED,)
+          ),
+          (cfg.d_model,),
+          cfg.param_dtype,
       )
     self.encoder = Encoder(cfg, embed=source_embed)
     self.decoder = Decoder(cfg, embed=target_embed)
@@ -478,7 +492,8 @@ class Transformer(nn.Module):
       targets_segmentation=None,
       cache_slots=None,
   ) -> jax.Array:
-    """-> logits [b, t, v], float32. In decode mode t = 1 and `encoded` may be None (cached).
+    """-> logits [b, t, num_outputs] (the vocabulary unless `output_tokens`), float32. In decode
+    mode t = 1 and `encoded` may be None (cached).
 
     Decode mode with k beams per sentence: decoder_inputs has b*k rows (sentence-major) while
     `inputs` and `encoded` keep b, and `cache_slots` [b, k, n] says which beam's cache slot holds
@@ -493,9 +508,14 @@ class Transformer(nn.Module):
         targets_segmentation,
         cache_slots,
     )
-    if self.config.share_embeddings:
-      return self.shared_embedding.attend(y)
-    return self.output_projection(y).astype(jnp.float32)
+    if not self.config.share_embeddings:
+      return self.output_projection(y).astype(jnp.float32)
+    logits = self.shared_embedding.attend(y)
+    if self.config.output_tokens:  # and one output for every later id
+      other = self.other_output.astype(self.config.dtype)
+      other_logit = jnp.einsum("bte,e->bt", y, other, preferred_element_type=jnp.float32)
+      logits = jnp.concatenate([logits, other_logit[..., None]], axis=-1)
+    return logits
 
   def __call__(
       self,

@@ -380,7 +380,7 @@ def load_run(
     tokenizer = pipeline.load_workdir_tokenizer(workdir)
   except (FileNotFoundError, ValueError) as e:
     raise errors.UserError(str(e)) from e
-  model_config = config_lib.model_config(config, tokenizer.vocab_size)
+  model_config = config_lib.run_model_config(config, tokenizer)
   mesh = sharding.make_mesh(config.mesh, devices)
   abstract = abstract_params(model_config, sharding.replicated(mesh))
   kind, step = resolve_checkpoint(workdir, which, config.train.average_last)

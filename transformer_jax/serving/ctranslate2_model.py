@@ -90,6 +90,12 @@ def import_ctranslate2():
 
 def unsupported_reason(model_config) -> str | None:
   """Why CTranslate2 cannot express this model exactly (None: it can)."""
+  if model_config.output_tokens:
+    return (
+        f"the model scores {model_config.output_tokens} ids one by one and the rest as one "
+        "output (a task's output_tokens, e.g. parsing.word_output='one'): CTranslate2's "
+        "output layer scores every vocabulary id, so this model cannot be exported to it"
+    )
   if model_config.head_key_dim != model_config.head_value_dim:
     return (
         f"model.key_dim={model_config.head_key_dim} != model.value_dim="

@@ -28,6 +28,7 @@ class Task:
   command: str | None = None  # python -m transformer_jax.<command> decodes its runs
   sources: tuple[str, ...] = ()  # the config.data.source values it reads
   metric: str = ""  # the validation score (higher is better) tune_decoding maximizes
+  model_keys: tuple[str, ...] = ()  # keys of its section that shape the model's parameters
 
   def config_section(self) -> ml_collections.ConfigDict | None:
     """The defaults of the task's own keys, `config.<name>` (None: it has none)."""
@@ -56,6 +57,12 @@ class Task:
     """[vocab] bool: tokens the loss scores as one class (training.losses); None: the paper's
     loss, every token its own class."""
     return None
+
+  def output_tokens(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> int:
+    """N > 0: the decoder scores ids 0..N-1 one by one and every later id (and the
+    `interchangeable_tokens`) as one output (a deviation: model/config.py's `output_tokens`,
+    config.run_model_config); 0: every id its own output, the paper's."""
+    return 0
 
   def constraint(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Any:
     """The search's constraint (decoding.decode.Predictor's `constraint`), or None."""

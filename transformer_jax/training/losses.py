@@ -64,6 +64,17 @@ def label_smoothed_cross_entropy(
   return jnp.sum(smoothed * weights), jnp.sum(nll * weights), jnp.sum(weights)
 
 
+def output_targets(
+    targets: jax.Array, output_tokens: int, interchangeable: jax.Array | None = None
+) -> jax.Array:
+  """Target ids [b, t] -> the model's outputs (model/config.py, `output_tokens` N): an id below N
+  is its own output, unless in `interchangeable` ([v] bool); every other id is output N."""
+  other = targets >= output_tokens
+  if interchangeable is not None:
+    other |= jnp.asarray(interchangeable)[targets]
+  return jnp.where(other, output_tokens, targets)
+
+
 def token_accuracy(
     logits: jax.Array,
     targets: jax.Array,

@@ -70,14 +70,18 @@ def loss_and_metrics(
   """Summed label-smoothed loss over non-pad target tokens, plus metric sums. `interchangeable`
   [v] bool: tokens scored as one class (a task's loss variant, training/losses.py)."""
   logits = model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs)  # [b, t, v]
-  weights = (batch["targets"] != PAD_ID).astype(jnp.float32)  # [b, t]
+  targets = batch["targets"]
+  weights = (targets != PAD_ID).astype(jnp.float32)  # [b, t]
+  if model.config.output_tokens:  # the set is one of the model's outputs
+    targets = losses.output_targets(targets, model.config.output_tokens, interchangeable)
+    interchangeable = None
   loss_sum, nll_sum, weight_sum = losses.label_smoothed_cross_entropy(
-      logits, batch["targets"], weights, label_smoothing, interchangeable
+      logits, targets, weights, label_smoothing, interchangeable
   )
   metrics = {
       "loss_sum": loss_sum,
       "nll_sum": nll_sum,
-      "correct_sum": losses.token_accuracy(logits, batch["targets"], weights, interchangeable),
+      "correct_sum": losses.token_accuracy(logits, targets, weights, interchangeable),
       "weight_sum": weight_sum,
   }
   return loss_sum, metrics
@@ -430,13 +434,19 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
   if os.path.exists(path):
     with open(path) as f:
       # Mapped to today's layout: keys added since take their defaults, moved keys move.
-      saved_model = config_lib.from_saved(json.load(f)).model.to_dict()
+      saved = config_lib.from_saved(json.load(f))
+    saved_model = saved.model.to_dict()
     current = json.loads(config.to_json_best_effort())
     diff = {
         k: (saved_model.get(k), v)
         for k, v in current["model"].items()
         if saved_model.get(k) != v and k not in EXECUTION_ONLY_MODEL_KEYS
     }
+    task = tasks.get(config.task)
+    for key in task.model_keys:  # the task's keys that shape the parameters too
+      was, now = saved[task.name].get(key), current[task.name][key]
+      if was != now:
+        diff[f"{task.name}.{key}"] = (was, now)
     if diff:
       raise config_lib.ConfigError(
           f"{workdir} holds a run with a different model config (saved, now): {diff}. "
@@ -597,7 +607,7 @@ def _open_session(config: ml_collections.ConfigDict, workdir: str, devices) -> _
   """The dataset (vocabulary written or reused), the trainer over `devices`, the training
   iterator, the checkpoint manager and the run's clock."""
   dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
-  model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
+  model_config = config_lib.run_model_config(config, dataset.tokenizer)
   task, tokenizer = tasks.get(config.task), dataset.tokenizer
   trainer = Trainer(
       config,

@@ -10,6 +10,9 @@ deviations from §6.3 among them are off by default:
                     this probability (a deviation; ptb.py)
   word_loss         "exact" (the paper) or "any": a target word scored as "a word comes here"
                     (a deviation; needs tree_words; training/losses.py)
+  word_output       "vocabulary" (the paper) or "one": the decoder scores the tree tokens one by
+                    one and every word as one output, "a word comes here" (a deviation; needs
+                    tree_words and tree_constraints, which write the input's word; model/config.py)
   tree_constraints  decode only well-formed trees over the input's words (a deviation;
                     tree_constraint.py)
 """
@@ -30,6 +33,7 @@ class ParsingTask(base.Task):
   command = "parse"
   sources = ("ptb",)
   metric = "f1"
+  model_keys = ("word_output",)
 
   def config_section(self):
     s = ml_collections.ConfigDict()
@@ -51,6 +55,11 @@ class ParsingTask(base.Task):
     # target word is scored as "a word comes here", its probability the sum over the
     # vocabulary's words, since the decoding constraint dictates which (training/losses.py).
     s.word_loss = "exact"
+    # "vocabulary" (the paper): the decoder's output layer scores every vocabulary id. "one" (a
+    # deviation): it scores the tree tokens one by one and every word as one output, "a word
+    # comes here", whose word the decoding constraint dictates: an output layer of ~100 rows
+    # instead of the vocabulary's thousands (model/config.py `output_tokens`; tree_constraint.py).
+    s.word_output = "vocabulary"
     # The search writes only well-formed trees over the input's words (tree_constraint.py). Not
     # in the paper (§6.3 decodes freely): off by default.
     s.tree_constraints = False
@@ -78,6 +87,24 @@ class ParsingTask(base.Task):
         "'any' scores the words a target writes: with parsing.tree_words=True only",
     )
 
+    check(
+        p.word_output in ("vocabulary", "one"),
+        "parsing.word_output",
+        "expected 'vocabulary' or 'one'",
+    )
+    check(
+        p.word_output == "vocabulary" or (p.tree_words and p.tree_constraints),
+        "parsing.word_output",
+        "'one' scores every word as one output, so only a search that writes the input's words "
+        "can decode it: with parsing.tree_words=True and parsing.tree_constraints=True only",
+    )
+    check(
+        p.word_output == "vocabulary" or p.word_loss == "exact",
+        "parsing.word_loss",
+        "parsing.word_output='one' already scores a word as 'a word comes here': leave "
+        "word_loss 'exact'",
+    )
+
   def load_dataset(self, config, workdir, splits):
     from transformer_jax.data import pipeline
     from transformer_jax.tasks.parsing import ptb
@@ -97,11 +124,18 @@ class ParsingTask(base.Task):
     return functools.partial(ptb.drop_words, rate=config.parsing.word_dropout, classes=table)
 
   def interchangeable_tokens(self, config, tokenizer):
-    if config.parsing.word_loss != "any":
+    if config.parsing.word_loss != "any" and config.parsing.word_output != "one":
       return None
     from transformer_jax.tasks.parsing import tree_constraint
 
     return tree_constraint.word_set(tokenizer)  # [v] bool, likewise
+
+  def output_tokens(self, config, tokenizer):
+    if config.parsing.word_output != "one":
+      return 0
+    from transformer_jax.tasks.parsing import tree_constraint
+
+    return tree_constraint.output_tokens(tokenizer)
 
   def constraint(self, config, tokenizer):
     from transformer_jax.tasks.parsing import tree_constraint

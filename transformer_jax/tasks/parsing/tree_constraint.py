@@ -88,7 +88,9 @@ class TreeConstraint:
   """The legal next tokens of linearized trees (module docstring) over a vocabulary.
 
   Called as `constraint(log_probs [..., v], prefixes [..., n], limit [b], inputs [b, s])`, it
-  returns the log-probabilities renormalized over the legal tokens (-inf elsewhere). `prefixes`
+  returns the log-probabilities renormalized over the legal tokens (-inf elsewhere). With
+  `parsing.word_output="one"` the log-probabilities are over the model's outputs instead: the
+  ids below its `output_tokens` N (the tree tokens), then one output for every word. `prefixes`
   are each hypothesis' tokens so far, PAD after them; `limit` each sentence's maximum output
   length (EOS included); `inputs` the batch's source ids, whose words (all but PAD and EOS) the
   output must cover.
@@ -135,13 +137,17 @@ class TreeConstraint:
     ~100 tokens instead of v (at beam 1 a step takes half the time: docs/experiments.md)."""
     r = self._rules(prefixes, limit, inputs)
     log_probs = log_probs.astype(jnp.float32)
+    one_output = self._one_word_output(log_probs)
     candidates = jnp.asarray(self.candidates)  # [c]
     legal = self._legal_among(r, candidates)  # [..., c]
     scores = jnp.take(log_probs, candidates, axis=-1)  # [..., c]
     ids = jnp.broadcast_to(candidates, scores.shape)
     if self.words:  # the one legal word takes the mass of every word (module docstring)
-      is_word = jnp.asarray(self.kinds) == WORD  # [v]
-      word_mass = jax.nn.logsumexp(jnp.where(is_word, log_probs, -jnp.inf), -1)  # [...]
+      if one_output:  # the model's last output is every word's
+        word_mass = log_probs[..., -1]
+      else:
+        is_word = jnp.asarray(self.kinds) == WORD  # [v]
+        word_mass = jax.nn.logsumexp(jnp.where(is_word, log_probs, -jnp.inf), -1)  # [...]
       legal = jnp.concatenate([legal, (r.free & r.shift)[..., None]], axis=-1)  # [..., c + 1]
       scores = jnp.concatenate([scores, word_mass[..., None]], axis=-1)
       ids = jnp.concatenate([ids, r.next_word[..., None]], axis=-1)
@@ -156,12 +162,31 @@ class TreeConstraint:
     mask: the definition the tests hold it to."""
     legal = self.legal(prefixes, limit, inputs)
     log_probs = log_probs.astype(jnp.float32)
-    if self.words:
-      is_word = jnp.asarray(self.kinds) == WORD  # [v]
+    is_word = jnp.asarray(self.kinds) == WORD  # [v]
+    if self._one_word_output(log_probs):  # ids from N on all read the last output, N's
+      n, v = log_probs.shape[-1] - 1, self.kinds.shape[0]
+      word_mass = log_probs[..., n:]
+      rest = jnp.broadcast_to(word_mass, log_probs.shape[:-1] + (v - n,))
+      log_probs = jnp.where(is_word, word_mass, jnp.concatenate([log_probs[..., :n], rest], -1))
+    elif self.words:
       word_mass = jax.nn.logsumexp(jnp.where(is_word, log_probs, -jnp.inf), -1, keepdims=True)
       log_probs = jnp.where(is_word, word_mass, log_probs)
     kept = jnp.where(legal, log_probs, -jnp.inf)
     return jnp.where(legal, kept - jax.nn.logsumexp(kept, axis=-1, keepdims=True), -jnp.inf)
+
+  def _one_word_output(self, log_probs) -> bool:
+    """Whether `log_probs` are over a model's outputs with `output_tokens` N (`output_tokens`
+    below: ids 0..N-1, then one output for every word) rather than over the vocabulary."""
+    outputs = log_probs.shape[-1]
+    if outputs == self.kinds.shape[0]:
+      return False
+    if not self.words or outputs > self.kinds.shape[0] or self.candidates.max() >= outputs - 1:
+      raise ValueError(
+          f"log-probabilities over {outputs} outputs: expected the vocabulary's "
+          f"{self.kinds.shape[0]} or, with tree words, its tree tokens' "
+          f"{self.candidates.max() + 1} and one for the words"
+      )
+    return True
 
   @property
   def candidates(self) -> np.ndarray:
@@ -279,6 +304,15 @@ def _at(x: jax.Array, index: jax.Array) -> jax.Array:
   """x [..., m] at index [...] (clipped to the last axis) -> [...]."""
   index = jnp.clip(index, 0, x.shape[-1] - 1)
   return jnp.take_along_axis(x, index[..., None], axis=-1)[..., 0]
+
+
+def output_tokens(tokenizer) -> int:
+  """`parsing.word_output="one"`'s N (model/config.py `output_tokens`): the ids up to the
+  vocabulary's last that is not a word. ptb.py lists the reserved ids and the tree tokens first,
+  so every word after them (classes and words) is the one output N; `<unk>`, a word among the
+  reserved ids, is scored as it too (`word_set`, losses.output_targets)."""
+  kinds = np.array([token_kind(t) for t in _tokens(tokenizer)])
+  return int(np.flatnonzero(kinds != WORD)[-1]) + 1
 
 
 def word_set(tokenizer) -> np.ndarray:
