@@ -136,18 +136,13 @@ class TreeConstraint:
     every pass over the vocabulary but the mass of the words, and lets the searches choose among
     ~100 tokens instead of v (at beam 1 a step takes half the time: docs/experiments.md)."""
     r = self._rules(prefixes, limit, inputs)
-    log_probs = log_probs.astype(jnp.float32)
-    one_output = self._one_word_output(log_probs)
+    log_probs = self._checked(log_probs)
     candidates = jnp.asarray(self.candidates)  # [c]
     legal = self._legal_among(r, candidates)  # [..., c]
     scores = jnp.take(log_probs, candidates, axis=-1)  # [..., c]
     ids = jnp.broadcast_to(candidates, scores.shape)
     if self.words:  # the one legal word takes the mass of every word (module docstring)
-      if one_output:  # the model's last output is every word's
-        word_mass = log_probs[..., -1]
-      else:
-        is_word = jnp.asarray(self.kinds) == WORD  # [v]
-        word_mass = jax.nn.logsumexp(jnp.where(is_word, log_probs, -jnp.inf), -1)  # [...]
+      word_mass = self._word_mass(log_probs)  # [...]
       legal = jnp.concatenate([legal, (r.free & r.shift)[..., None]], axis=-1)  # [..., c + 1]
       scores = jnp.concatenate([scores, word_mass[..., None]], axis=-1)
       ids = jnp.concatenate([ids, r.next_word[..., None]], axis=-1)
@@ -161,32 +156,37 @@ class TreeConstraint:
     """`__call__`'s log-probabilities [..., v] written over the whole vocabulary with `legal`'s
     mask: the definition the tests hold it to."""
     legal = self.legal(prefixes, limit, inputs)
-    log_probs = log_probs.astype(jnp.float32)
-    is_word = jnp.asarray(self.kinds) == WORD  # [v]
-    if self._one_word_output(log_probs):  # ids from N on all read the last output, N's
-      n, v = log_probs.shape[-1] - 1, self.kinds.shape[0]
-      word_mass = log_probs[..., n:]
-      rest = jnp.broadcast_to(word_mass, log_probs.shape[:-1] + (v - n,))
-      log_probs = jnp.where(is_word, word_mass, jnp.concatenate([log_probs[..., :n], rest], -1))
-    elif self.words:
-      word_mass = jax.nn.logsumexp(jnp.where(is_word, log_probs, -jnp.inf), -1, keepdims=True)
+    log_probs = self._checked(log_probs)
+    if self.words:
+      word_mass = self._word_mass(log_probs)[..., None]  # [..., 1]
+      v = self.kinds.shape[0]
+      if log_probs.shape[-1] < v:  # ids 0..N-1, then the words (all ids from N on): set below
+        words = jnp.zeros(log_probs.shape[:-1] + (v + 1 - log_probs.shape[-1],))
+        log_probs = jnp.concatenate([log_probs[..., :-1], words], axis=-1)  # [..., v]
+      is_word = jnp.asarray(self.kinds) == WORD  # [v]
       log_probs = jnp.where(is_word, word_mass, log_probs)
     kept = jnp.where(legal, log_probs, -jnp.inf)
     return jnp.where(legal, kept - jax.nn.logsumexp(kept, axis=-1, keepdims=True), -jnp.inf)
 
-  def _one_word_output(self, log_probs) -> bool:
-    """Whether `log_probs` are over a model's outputs with `output_tokens` N (`output_tokens`
-    below: ids 0..N-1, then one output for every word) rather than over the vocabulary."""
-    outputs = log_probs.shape[-1]
-    if outputs == self.kinds.shape[0]:
-      return False
-    if not self.words or outputs > self.kinds.shape[0] or self.candidates.max() >= outputs - 1:
+  def _checked(self, log_probs) -> jax.Array:
+    """`log_probs` as float32, over the vocabulary [..., v] or (tree words only) over a model's
+    outputs with `output_tokens` N (`output_tokens` below): ids 0..N-1, then one for every word.
+    Any other width: ValueError."""
+    outputs, v = log_probs.shape[-1], self.kinds.shape[0]
+    if outputs != v and (not self.words or outputs > v or self.candidates.max() >= outputs - 1):
       raise ValueError(
-          f"log-probabilities over {outputs} outputs: expected the vocabulary's "
-          f"{self.kinds.shape[0]} or, with tree words, its tree tokens' "
-          f"{self.candidates.max() + 1} and one for the words"
+          f"log-probabilities over {outputs} outputs: expected the vocabulary's {v} or, with "
+          f"tree words, its tree tokens' {self.candidates.max() + 1} and one for the words"
       )
-    return True
+    return log_probs.astype(jnp.float32)
+
+  def _word_mass(self, log_probs) -> jax.Array:
+    """[...]: the log-probability that a word comes next, from `_checked` log-probs: the words'
+    logsumexp over the vocabulary, or the one output for every word (the last)."""
+    if log_probs.shape[-1] < self.kinds.shape[0]:
+      return log_probs[..., -1]
+    is_word = jnp.asarray(self.kinds) == WORD  # [v]
+    return jax.nn.logsumexp(jnp.where(is_word, log_probs, -jnp.inf), -1)
 
   @property
   def candidates(self) -> np.ndarray:
