@@ -145,6 +145,26 @@ def test_vocabulary_and_unknown_word_classes():
     ptb.build_vocabulary(train, "labeled", vocab_size=10)
 
 
+def test_longer_word_endings_fall_back_to_shorter_ones_and_the_shape():
+  assert ptb.word_class("fizzled", 3) == ("<unk:low:led>", "<unk:low:ed>", "<unk:low>")
+  assert ptb.word_class("fizzled") == ("<unk:low:ed>", "<unk:low>")  # the default, 2
+  assert ptb.word_class("Abed", 3) == ("<unk:cap:ed>", "<unk:cap>")  # k letters: > k + 1 long
+  assert ptb.word_class("Abe", 3) == ("<unk:cap>",)
+  assert ptb.word_class("4-to-1", 3) == ("<unk:num->",)
+  # Seen once each: walked, talked (-ked), jumped (-ped), quickly (-kly), slowly (-wly).
+  train = [trees.preprocess(t) for t in trees.parse_trees(THREE_TREES)]
+  tokenizer = ptb.build_vocabulary(train, "labeled", vocab_size=64, suffix_letters=3)
+  classes = {w for w in tokenizer.words if w.startswith("<unk")}
+  assert {"<unk:low:ked>", "<unk:low:ed>", "<unk:low:ly>", "<unk:low>"} <= classes
+  assert not classes & {"<unk:low:ped>", "<unk:low:kly>", "<unk:low:wly>"}  # seen once
+  known = set(tokenizer.words)
+  ids = ptb.encode_words(tokenizer, known, ["balked", "hopped", "oddly", "Smith"], 3)
+  assert tokenizer.decode(ids) == "<unk:low:ked> <unk:low:ed> <unk:low:ly> Smith"
+  # The default reads the same vocabulary's words by two letters at most.
+  ids = ptb.encode_words(tokenizer, known, ["balked", "hopped"])
+  assert tokenizer.decode(ids) == "<unk:low:ed> <unk:low:ed>"
+
+
 def test_word_dropout_reads_words_as_their_classes_in_source_and_target_alike():
   text = THREE_TREES + "( (S (NP (NNP Smith)) (VP (VBD walked)) (. .)) )\n"  # walked twice
   train_trees = [trees.preprocess(t) for t in trees.parse_trees(text)]
@@ -153,9 +173,8 @@ def test_word_dropout_reads_words_as_their_classes_in_source_and_target_alike():
   known = set(tokenizer.words)
   for i, token in enumerate(tokenizer.words, start=4):
     if token in ("Smith", "walked", "."):  # words: read as a word outside the vocabulary is
-      fine, coarse = ptb.word_class(token)
-      expected = fine if fine in known else coarse
-      assert tokenizer.decode([int(table[i])]) == (expected if expected in known else "<unk>")
+      expected = next((c for c in ptb.word_class(token) if c in known), "<unk>")
+      assert tokenizer.decode([int(table[i])]) == expected
     else:  # tree tokens and classes stay
       assert token[0] in "()<" and table[i] == i
   assert tokenizer.decode([int(table[i]) for i in tokenizer.encode("Smith walked .")]) == (
@@ -194,13 +213,18 @@ def test_word_dropout_reads_words_as_their_classes_in_source_and_target_alike():
   assert len(seen) > 2
 
 
-def test_word_dropout_config():
+def test_word_dropout_and_suffix_letters_config():
   config = parsing_sample.get_config()
   config.parsing.word_dropout = 0.1
   config_lib.validate(config)
   config.parsing.word_dropout = 1.0
   with pytest.raises(config_lib.ConfigError, match="parsing.word_dropout"):
     config_lib.validate(config)
+  config.parsing.word_dropout = 0.0
+  for letters in (1, 9):
+    config.parsing.suffix_letters = letters
+    with pytest.raises(config_lib.ConfigError, match="parsing.suffix_letters.*2 to 8"):
+      config_lib.validate(config)
   # The parsing switches live in the parsing task's section: a translation run has none, and
   # reading trees (data.source='ptb') is the parsing task's.
   config = config_lib.default_config()
@@ -280,4 +304,16 @@ def test_word_output_config_output_tokens_and_resume_check(tmp_path):
   (tmp_path / "config.json").write_text(config.to_json_best_effort())
   config.parsing.word_output = "one"  # the same config.model, other parameters: refused
   with pytest.raises(config_lib.ConfigError, match="parsing.word_output.*vocabulary.*one"):
+    train._check_workdir_config(str(tmp_path), config)
+
+
+def test_resuming_under_other_word_classes_is_refused(tmp_path):
+  """The vocabulary's classes and how words are read as them are fixed when a run starts: a
+  workdir resumed with another parsing.suffix_letters would read unknown words otherwise."""
+  from transformer_jax.training import train
+
+  config = parsing_sample.get_config()
+  train._check_workdir_config(str(tmp_path), config)  # writes config.json, as run() does first
+  config.parsing.suffix_letters = 3
+  with pytest.raises(config_lib.ConfigError, match="parsing.suffix_letters"):
     train._check_workdir_config(str(tmp_path), config)

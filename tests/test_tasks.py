@@ -102,6 +102,7 @@ def test_a_config_json_written_before_tasks_loads_into_the_sections(kind, tmp_pa
         "tree_closing": "labeled",
         "tree_words": True,
         "tree_order": "in_order",
+        "suffix_letters": 2,  # a key added since: its default
         "word_dropout": 0.0,
         "word_loss": "exact",
         "word_output": "vocabulary",  # a key added since: its default

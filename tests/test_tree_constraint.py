@@ -232,10 +232,23 @@ def test_in_order_under_a_limit_too_tight_for_a_tree_writes_a_flat_forest(words)
 
 
 def test_renormalizes_over_the_legal_tokens():
-  _, tokenizer, tokens, constraint = _setup("labeled", True)
+  _, tokenizer, tokens, tree_constraint = _setup("labeled", True)
   source = _pad(tokenizer.encode("Pierre Vinken") + [EOS_ID], S)[None]
-  log_probs = jax.nn.log_softmax(np.random.default_rng(0).normal(size=(1, len(tokens))))
-  constraint = functools.partial(_dense(constraint), limit=np.array([N], np.int32), inputs=source)
+  logits = np.random.default_rng(0).normal(size=(1, len(tokens))) + 7.5
+  log_probs = jax.nn.log_softmax(logits)
+  constraint = functools.partial(
+      _dense(tree_constraint), limit=np.array([N], np.int32), inputs=source
+  )
+  # The same answer for the logits as for their log-softmax: the search gives it the logits.
+  for prefix in ("(S (NP", "(S (NP Pierre", ""):
+    prefix = _pad(tokenizer.encode(prefix), N)[None]
+    np.testing.assert_allclose(
+        constraint(logits, prefix), constraint(log_probs, prefix), rtol=1e-5, atol=1e-5
+    )
+  config = TransformerConfig(vocab_size=len(tokens), d_model=8, num_heads=2, num_layers=1)
+  assert tree_constraint.takes_logits
+  assert decode.Predictor(config, 10, constraint=tree_constraint).decoder.normalize is False
+  assert decode.Predictor(config, 10).decoder.normalize  # log-probs for the other searches
   # After "(S (NP": the word "Pierre" or a phrase opening, nothing else.
   out = np.asarray(constraint(log_probs, _pad(tokenizer.encode("(S (NP"), N)[None]))[0]
   legal = np.flatnonzero(out > -np.inf)

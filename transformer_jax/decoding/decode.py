@@ -34,7 +34,9 @@ so far and its sentence's output limit. Where few tokens can ever follow, it may
 `Candidates` (the log-probs of m token ids each, m << v) instead: the searches then choose among
 those m, not the vocabulary, and their results are the same. A model with `output_tokens`
 (model/config.py) gives fewer log-probs than v, one for many ids: only a constraint answering
-with `Candidates` says which id each hypothesis writes.
+with `Candidates` says which id each hypothesis writes. A constraint whose answer is the same
+for any per-row shift of its input (it renormalizes; `takes_logits = True`) is given the model's
+logits by `Predictor`, not their log-softmax.
 """
 
 from __future__ import annotations
@@ -407,7 +409,11 @@ class Predictor:
     self.beam_size, self.alpha, self.shapes, self.compact = beam_size, alpha, shapes, compact
     self.auto_fast = False  # "auto" has decoded a call of AUTO_FEW_BELOW sentences or more
     self.constraint = constraint
-    self.decoder = IncrementalDecoder(config)
+    # A constraint that renormalizes over the tokens it allows answers the same for the logits
+    # as for their log-softmax: it is given the logits, sparing a pass over the vocabulary.
+    self.decoder = IncrementalDecoder(
+        config, normalize=not getattr(constraint, "takes_logits", False)
+    )
     self._start = jax.jit(self._start_impl, static_argnames=("beam_size", "n", "end"))
     self._block = jax.jit(self._block_impl, static_argnames=("beam_size", "end"))
     self.signatures: set[tuple] = set()  # the programs called: (name, shapes, statics)

@@ -25,6 +25,10 @@ class IncrementalDecoder:
   """The Transformer run one token a step against its cache. Pure functions; jit the caller."""
 
   config: TransformerConfig
+  # False: `step` and `start` give the logits, not their log-softmax, for a search whose
+  # constraint renormalizes whatever it is given (decode.Predictor, `takes_logits`): one pass
+  # over [r, v] less a step.
+  normalize: bool = True
 
   @property
   def model(self) -> Transformer:
@@ -46,7 +50,8 @@ class IncrementalDecoder:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
   def step(self, params, cache, encoded, inputs, tokens, position, slots=None):
-    """One step: tokens [r] (the previous output) at `position` -> (log_probs [r, v], cache).
+    """One step: tokens [r] (the previous output) at `position` -> (log_probs [r, v], cache)
+    (the logits, with `normalize` False).
 
     `encoded` [b, s, e] on the first step (it fills the cross-attention cache), None after;
     `inputs` [b, s] for the source padding mask. With k = r / b beams per sentence, `slots`
@@ -62,7 +67,8 @@ class IncrementalDecoder:
         method=Transformer.decode,
         mutable=["cache"],
     )
-    return jax.nn.log_softmax(logits[:, 0], axis=-1), variables["cache"]
+    logits = logits[:, 0]  # [r, v]
+    return (jax.nn.log_softmax(logits, axis=-1) if self.normalize else logits), variables["cache"]
 
   def start(self, params, inputs: jax.Array, cache_length: int):
     """Encodes and runs the first step (reading BOS) once per sentence.

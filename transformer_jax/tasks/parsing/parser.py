@@ -115,7 +115,8 @@ class Parser:
     self.check(words)
     run = self.run
     known = set(run.tokenizer.words)
-    encoded = [ptb.encode_words(run.tokenizer, known, w) for w in words]
+    letters = run.config.parsing.suffix_letters
+    encoded = [ptb.encode_words(run.tokenizer, known, w, letters) for w in words]
     hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha, stats=stats)
     linearization = trees.Linearization.from_config(run.config.parsing)
     return scoring.to_trees(hypotheses, words, linearization)

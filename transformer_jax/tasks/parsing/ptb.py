@@ -19,8 +19,9 @@ output is read back token by token (§6.3: "a vocabulary of 16K tokens" for WSJ 
 reserved ids, every tree token of the training trees, the unknown-word classes seen in training,
 then the training words seen at least twice, most frequent first (ties in code-point order), up to
 `config.data.vocab_size` ids in all. A word outside the vocabulary is read as its class
-(`word_class`: its shape -- digits, capitalized, lower case, other; a hyphen; and the last two
-letters, which tell `-ly` from `-ed`), or as the class without the letters if that one was not
+(`word_class`: its shape -- digits, capitalized, lower case, other; a hyphen; and its last
+`config.parsing.suffix_letters` letters, two by default, which tell `-ly` from `-ed`), or as the
+class of a shorter ending (down to two letters) or of the shape alone where the longer one was not
 seen twice, or as `<unk>`. Words seen once in training are read as their classes too, which
 teaches the model what an unknown word of each class is: part-of-speech tagging of unknown words
 by their shape and suffix is the classic treatment of rare words in treebank parsers. Source and
@@ -139,8 +140,11 @@ def load_trees(paths: Sequence[str]) -> tuple[list[trees.Tree], int]:
   return out, empty
 
 
-def word_class(word: str) -> tuple[str, str]:
-  """(fine, coarse) unknown-word tokens of `word`: `<unk:low:ed>`, `<unk:low>` for 'fizzled'."""
+def word_class(word: str, suffix_letters: int = 2) -> tuple[str, ...]:
+  """The unknown-word classes of `word`, finest first: its shape with its last `suffix_letters`
+  letters, then with fewer (down to two), then its shape alone. `<unk:low:ed>`, `<unk:low>` for
+  'fizzled'; `<unk:low:led>`, `<unk:low:ed>`, `<unk:low>` with `suffix_letters=3`. A suffix of k
+  letters is kept for words of more than k + 1 letters, capitalized or lower case."""
   if any(c.isdigit() for c in word):
     shape = "num"
   elif word[:1].isupper():
@@ -152,41 +156,49 @@ def word_class(word: str) -> tuple[str, str]:
   if "-" in word:
     shape += "-"
   coarse = f"<unk:{shape}>"
-  if shape.startswith(("cap", "low")) and len(word) > 3:
-    return f"<unk:{shape}:{word[-2:].lower()}>", coarse
-  return coarse, coarse
+  if not shape.startswith(("cap", "low")):
+    return (coarse,)
+  endings = range(min(suffix_letters, len(word) - 2), 1, -1)  # k letters need len(word) > k + 1
+  return (*(f"<unk:{shape}:{word[-k:].lower()}>" for k in endings), coarse)
 
 
-def encode_words(tokenizer: WordTokenizer, known: set[str], words: Sequence[str]) -> list[int]:
-  """Token ids of a sentence's words: a word, else its class, else `<unk>` (module docstring);
-  tree tokens (a target's brackets and tags) are taken as they are.
+def encode_words(
+    tokenizer: WordTokenizer, known: set[str], words: Sequence[str], suffix_letters: int = 2
+) -> list[int]:
+  """Token ids of a sentence's words: a word, else its finest class in the vocabulary, else
+  `<unk>` (module docstring); tree tokens (a target's brackets and tags) are taken as they are.
 
   `known` is `set(tokenizer.words)`, made once by the caller."""
-  out = [w if w in known or trees.is_tree_token(w) else _class_token(w, known) for w in words]
+  out = [
+      w if w in known or trees.is_tree_token(w) else _class_token(w, known, suffix_letters)
+      for w in words
+  ]
   return tokenizer.encode(" ".join(out))
 
 
-def _class_token(word: str, known: set[str]) -> str:
-  """The class `word` is read as when the vocabulary lacks it: fine if known, else coarse (which
-  the tokenizer reads as `<unk>` if it does not know that either)."""
-  fine, coarse = word_class(word)
-  return fine if fine in known else coarse
+def _class_token(word: str, known: set[str], suffix_letters: int) -> str:
+  """The class `word` is read as when the vocabulary lacks it: its finest class the vocabulary
+  has, else its shape's (which the tokenizer reads as `<unk>` if it does not know that either)."""
+  classes = word_class(word, suffix_letters)
+  return next((c for c in classes if c in known), classes[-1])
 
 
-def word_class_table(tokenizer: WordTokenizer) -> np.ndarray:
+def word_class_table(tokenizer: WordTokenizer, suffix_letters: int = 2) -> np.ndarray:
   """[v] int32: each vocabulary word's id -> the id of the class a word outside the vocabulary
-  would be read as (its fine class if in the vocabulary, else its coarse class, else `<unk>`, as
-  `encode_words`); reserved ids, tree tokens and the classes themselves -> themselves. What word
-  dropout (`config.parsing.word_dropout`) replaces a word with."""
+  would be read as (its finest class in the vocabulary, else `<unk>`, as `encode_words`);
+  reserved ids, tree tokens and the classes themselves -> themselves. What word dropout
+  (`config.parsing.word_dropout`) replaces a word with."""
   known = set(tokenizer.words)
   table = np.arange(tokenizer.vocab_size, dtype=np.int32)
   for index, word in enumerate(tokenizer.words, start=len(RESERVED_TOKENS)):
     if not trees.is_tree_token(word) and not word.startswith("<unk"):  # a word, not a class
-      table[index] = tokenizer.encode(_class_token(word, known))[0]
+      table[index] = tokenizer.encode(_class_token(word, known, suffix_letters))[0]
   return table
 
 
-def build_vocabulary(train: Sequence[trees.Tree], closing: str, vocab_size: int) -> WordTokenizer:
+def build_vocabulary(
+    train: Sequence[trees.Tree], closing: str, vocab_size: int, suffix_letters: int = 2
+) -> WordTokenizer:
   """Reserved ids, tree tokens, unknown-word classes, then frequent words (module docstring)."""
   tree_tokens = sorted(set(trees.iter_tree_tokens(train, closing)))
   counts = collections.Counter(word for tree in train for word in tree.words())
@@ -197,7 +209,7 @@ def build_vocabulary(train: Sequence[trees.Tree], closing: str, vocab_size: int)
   classes = collections.Counter()
   for word, count in counts.items():
     if count < MIN_WORD_COUNT:
-      for token in set(word_class(word)):
+      for token in word_class(word, suffix_letters):
         classes[token] += count
   class_tokens = sorted(t for t, c in classes.items() if c >= MIN_WORD_COUNT)
   room = vocab_size - len(RESERVED_TOKENS) - len(tree_tokens) - len(class_tokens)
@@ -229,16 +241,22 @@ def load_splits(
     tokenizer = WordTokenizer.load(vocab_path)
     logging.info("data: reusing the vocabulary in %s", vocab_path)
   else:
-    tokenizer = build_vocabulary(loaded["train"], linearization.closing, d.vocab_size)
+    tokenizer = build_vocabulary(
+        loaded["train"], linearization.closing, d.vocab_size, config.parsing.suffix_letters
+    )
     if vocab_path and distributed.is_chief():
       files_lib.atomic_write(vocab_path, tokenizer.save)
   known = set(tokenizer.words)
+  letters = config.parsing.suffix_letters
   out = {}
   for key in splits:
     pairs = [(" ".join(tree.words()), " ".join(linearization.tokens(tree))) for tree in loaded[key]]
     # A target's words (parsing.tree_words) are read as the source's are; tree tokens as they are.
     examples = [
-        (encode_words(tokenizer, known, s.split()), encode_words(tokenizer, known, t.split()))
+        (
+            encode_words(tokenizer, known, s.split(), letters),
+            encode_words(tokenizer, known, t.split(), letters),
+        )
         for s, t in pairs
     ]
     out[key] = (pairs, examples)

@@ -6,6 +6,7 @@ deviations from §6.3 among them are off by default:
   tree_closing      "labeled" (")NP", Vinyals et al. 2015) or "bare" (")")
   tree_words        write each word before its tag in the target (a deviation)
   tree_order        "top_down" (§6.3) or "in_order" (Liu & Zhang 2017; a deviation)
+  suffix_letters    the longest word ending an unknown-word class keeps (2; ptb.py)
   word_dropout      read each vocabulary word of a training batch as its unknown-word class with
                     this probability (a deviation; ptb.py)
   word_loss         "exact" (the paper) or "any": a target word scored as "a word comes here"
@@ -33,7 +34,7 @@ class ParsingTask(base.Task):
   command = "parse"
   sources = ("ptb",)
   metric = "f1"
-  model_keys = ("word_output",)
+  model_keys = ("word_output", "suffix_letters")
 
   def config_section(self):
     s = ml_collections.ConfigDict()
@@ -48,6 +49,10 @@ class ParsingTask(base.Task):
     # "in_order" after its first child (Liu & Zhang 2017's in-order order; a deviation, off by
     # default): "(NNP) (NP (NNP) )NP (S ..." (trees.py).
     s.tree_order = "top_down"
+    # A word outside the vocabulary is read as its shape and its last letters, up to this many,
+    # falling back to fewer (down to two) and then the shape alone where a class was not seen
+    # twice in training (ptb.py). Not in the paper, which does not say how it reads unknown words.
+    s.suffix_letters = 2
     # In each training batch, each vocabulary word is read as its unknown-word class with this
     # probability, in source and target alike (word dropout, a deviation, off by default; ptb.py).
     s.word_dropout = 0.0
@@ -78,6 +83,11 @@ class ParsingTask(base.Task):
         p.tree_order in ("top_down", "in_order"),
         "parsing.tree_order",
         "expected 'top_down' or 'in_order'",
+    )
+    check(
+        2 <= p.suffix_letters <= 8,
+        "parsing.suffix_letters",
+        "expected the longest ending an unknown-word class keeps, 2 to 8 letters",
     )
     check(0.0 <= p.word_dropout < 1.0, "parsing.word_dropout", "must be in [0, 1)")
     check(p.word_loss in ("exact", "any"), "parsing.word_loss", "expected 'exact' or 'any'")
@@ -120,7 +130,8 @@ class ParsingTask(base.Task):
       return None
     from transformer_jax.tasks.parsing import ptb
 
-    table = ptb.word_class_table(tokenizer)  # [v] int32, a constant of the compiled step
+    # [v] int32, a constant of the compiled step
+    table = ptb.word_class_table(tokenizer, config.parsing.suffix_letters)
     return functools.partial(ptb.drop_words, rate=config.parsing.word_dropout, classes=table)
 
   def interchangeable_tokens(self, config, tokenizer):

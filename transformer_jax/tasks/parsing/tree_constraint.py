@@ -103,6 +103,9 @@ class TreeConstraint:
   tag_class: np.ndarray  # [v] int32: 1 for the tags EVALB deletes, 2 for POS, 0 otherwise
   in_order: bool = False  # parsing.tree_order == "in_order"
   max_open_run: int = 10  # opening brackets in a row (in order: between two words), at most
+  # The answer renormalizes over the legal tokens, so it is the same for the logits as for their
+  # log-softmax: decode.Predictor gives it the logits.
+  takes_logits = True
 
   @classmethod
   def for_vocabulary(
