@@ -28,7 +28,9 @@ class Task:
   command: str | None = None  # python -m transformer_jax.<command> decodes its runs
   sources: tuple[str, ...] = ()  # the config.data.source values it reads
   metric: str = ""  # the validation score (higher is better) tune_decoding maximizes
-  model_keys: tuple[str, ...] = ()  # keys of its section that shape the model's parameters
+  # Keys of its section a run keeps from its start: they shape its parameters or what they mean
+  # (the vocabulary's classes); resuming a workdir under other values is refused (train.py).
+  model_keys: tuple[str, ...] = ()
 
   def config_section(self) -> ml_collections.ConfigDict | None:
     """The defaults of the task's own keys, `config.<name>` (None: it has none)."""
@@ -65,7 +67,8 @@ class Task:
     return 0
 
   def constraint(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Any:
-    """The search's constraint (decoding.decode.Predictor's `constraint`), or None."""
+    """The search's constraint (decoding.decode.Predictor's `constraint`), or None. One whose
+    answer renormalizes (the same for any per-row shift) may say `takes_logits = True`."""
     return None
 
   def scores(

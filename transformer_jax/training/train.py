@@ -443,7 +443,7 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
         if saved_model.get(k) != v and k not in EXECUTION_ONLY_MODEL_KEYS
     }
     task = tasks.get(config.task)
-    for key in task.model_keys:  # the task's keys that shape the parameters too
+    for key in task.model_keys:  # the task's keys fixed at a run's start (tasks/base.py)
       was, now = saved[task.name].get(key), current[task.name][key]
       if was != now:
         diff[f"{task.name}.{key}"] = (was, now)

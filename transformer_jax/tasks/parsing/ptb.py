@@ -237,17 +237,15 @@ def load_splits(
       logging.info("data: %s split: skipped %d trees with no word but empty elements", key, empty)
     loaded[key] = tree_list
   linearization = trees.Linearization.from_config(config.parsing)
+  letters = config.parsing.suffix_letters
   if vocab_path and os.path.exists(vocab_path):
     tokenizer = WordTokenizer.load(vocab_path)
     logging.info("data: reusing the vocabulary in %s", vocab_path)
   else:
-    tokenizer = build_vocabulary(
-        loaded["train"], linearization.closing, d.vocab_size, config.parsing.suffix_letters
-    )
+    tokenizer = build_vocabulary(loaded["train"], linearization.closing, d.vocab_size, letters)
     if vocab_path and distributed.is_chief():
       files_lib.atomic_write(vocab_path, tokenizer.save)
   known = set(tokenizer.words)
-  letters = config.parsing.suffix_letters
   out = {}
   for key in splits:
     pairs = [(" ".join(tree.words()), " ".join(linearization.tokens(tree))) for tree in loaded[key]]
