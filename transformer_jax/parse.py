@@ -16,8 +16,8 @@ the model predicted, under a TOP node, as EVALB reads it:
     (TOP (S (NP (DT The) (NN company) (POS 's) (NNS shares)) (VP (VBD rose) ...) (. .)))
 
 The search is the run's (§6.3: beam 21, α 0.3, output length up to input + 300) unless the flags
-say otherwise (on configs/parsing_sample.py's run, 2 CPU cores: beam 21 parses 3.6 sentences/s,
-`--beam_size 4` 32 at 0.5 validation F1 less, `--beam_size 1` 114 at 2.7 less, `--shapes fast`
+say otherwise (on configs/parsing_sample.py's run, 2 CPU cores: beam 21 parses ~4 sentences/s,
+`--beam_size 3` ~50 at 1.1 validation F1 less, `--beam_size 1` ~140 at 3.9 less, `--shapes fast`
 once compiled; docs/parsing.md). `--tree_constraints` makes it write only well-formed trees over
 the sentence's words (tree_constraint.py; default: the run's `parsing.tree_constraints`). An
 output that is not a well-formed tree is repaired by tasks/parsing/trees.py's rule, and how many
