@@ -430,3 +430,55 @@ def test_packing_in_parts_covers_every_pair_and_resumes_inside_a_part(examples, 
     a, b = next(it), next(restored)
     for key in a:
       np.testing.assert_array_equal(a[key], b[key])
+
+
+def with_features(examples, width=3):
+  """The examples with each source token's id followed by `width - 1` features derived from it
+  (id + 1000 * k), so that a batch shows which token a feature row came with."""
+  out = []
+  for s, t in examples:
+    ids = np.asarray(s, np.int32).reshape(-1)  # [n]
+    feats = [ids + 1000 * k for k in range(1, width)]
+    out.append((np.stack([ids, *feats], axis=-1).reshape(len(ids), width), t))  # [n, width]
+  return out
+
+
+def check_features_follow_their_ids(inputs, width):
+  """inputs [B, L, width]: each real token's features are its own; EOS and PAD have none."""
+  ids = inputs[..., 0]
+  real = (ids != PAD_ID) & (ids != EOS_ID)
+  for k in range(1, width):
+    np.testing.assert_array_equal(inputs[..., k], np.where(real, ids + 1000 * k, 0))
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_sources_with_features_batch_as_their_ids_do(examples, packing):
+  """Sources given as [n, 1 + C] arrays (model/config.py source_chars): the same batches as the
+  ids alone, with inputs [B, L, 1 + C] whose first column is the ids' inputs and whose features
+  go with their tokens (none on EOS and PAD); the other keys are unchanged."""
+  kwargs = dict(packing=packing, tokens_per_batch=256 if packing else 512)
+  plain, featured = make_iterator(examples, **kwargs), make_iterator(
+      with_features(examples), **kwargs
+  )
+  for _ in range(plain.batches_per_epoch):
+    a, b = next(plain), next(featured)
+    assert b["inputs"].shape == a["inputs"].shape + (3,) and b.keys() == a.keys()
+    np.testing.assert_array_equal(b["inputs"][..., 0], a["inputs"])
+    check_features_follow_their_ids(b["inputs"], 3)
+    for key in a.keys() - {"inputs"}:
+      np.testing.assert_array_equal(b[key], a[key])
+    assert padding_efficiency(b) == padding_efficiency(a)
+  evaluated = list(eval_batches(with_features(examples[:50]), 8, BUCKETS))
+  for a, b in zip(eval_batches(examples[:50], 8, BUCKETS), evaluated, strict=True):
+    np.testing.assert_array_equal(b["inputs"][..., 0], a["inputs"])
+    check_features_follow_their_ids(b["inputs"], 3)
+
+
+def test_sources_of_mixed_widths_are_refused(examples):
+  mixed = with_features(examples[:5]) + examples[5:10]
+  with pytest.raises(ValueError, match="mix token ids"):
+    make_iterator(mixed)
+  bad = with_features(examples[:5])
+  bad[2] = (np.zeros((3, 3), np.int32), bad[2][1])  # PAD ids, in the first column
+  with pytest.raises(ValueError, match="source ids of example 2 contain 0"):
+    make_iterator(bad)

@@ -13,7 +13,7 @@ from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.transformer import Embed, Transformer
+from transformer_jax.model.transformer import Embed, SpellingFeatures, Transformer
 
 CONFIG = TransformerConfig(
     vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32, deterministic=True
@@ -259,6 +259,42 @@ def test_output_tokens_score_the_first_ids_and_one_output_for_the_rest(
   np.testing.assert_allclose(logits[..., 9], everything[..., 17], atol=1e-5)
   with pytest.raises(ValueError, match="output_tokens"):
     CONFIG.replace(output_tokens=40)
+
+
+def test_spelling_features_are_the_formula_and_count_in_the_encoding():
+  """source_chars C: inputs [b, s, 1 + C]; a token's spelling features are
+  relu(concat_i E[c_i] [c_i != 0]) W1 + b1) W2 + b2 (SpellingFeatures), added to its embedding; a
+  token's characters change the output, padding (no id, no characters) does not."""
+  config = CONFIG.replace(source_chars=4)
+  params = random_params(config)
+  spelling = params["encoder"]["spelling"]
+  assert spelling["char_embedding"].shape == (256, 32)
+  ffn = spelling["ffn"]
+  assert ffn["wi"]["kernel"].shape == (4 * 32, config.d_ff)
+  assert ffn["wo"]["kernel"].shape == (config.d_ff, config.d_model)
+
+  rng = np.random.default_rng(3)
+  chars = rng.integers(0, 256, size=(BATCH, SOURCE_LEN, 4)).astype(np.int32)  # 0: no character
+  features = SpellingFeatures(config).apply({"params": spelling}, chars)  # [b, s, e]
+  table = np.asarray(spelling["char_embedding"])
+  x = np.where((chars != 0)[..., None], table[chars], 0).reshape(BATCH, SOURCE_LEN, 4 * 32)
+  h = np.maximum(x @ ffn["wi"]["kernel"] + ffn["wi"]["bias"], 0)
+  expected = h @ ffn["wo"]["kernel"] + ffn["wo"]["bias"]
+  np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-5)
+
+  inputs, decoder_inputs = example()
+  chars[inputs == PAD_ID] = 0
+  full = np.concatenate([inputs[..., None], chars], axis=-1)  # [b, s, 5]
+  logits = logits_of(config, params, full, decoder_inputs)
+  padded = np.pad(full, ((0, 0), (0, 3), (0, 0)))  # [b, s + 3, 5]: PAD, no characters
+  np.testing.assert_allclose(logits_of(config, params, padded, decoder_inputs), logits, atol=1e-5)
+  respelled = full.copy()
+  respelled[0, 2, 1:] = (respelled[0, 2, 1:] % 250) + 3  # other letters, the same id
+  changed = logits_of(config, params, respelled, decoder_inputs)
+  assert not np.allclose(changed[0], logits[0], atol=1e-3)
+  np.testing.assert_allclose(changed[1], logits[1], atol=1e-5)  # the other sentence
+  with pytest.raises(ValueError, match="source_chars"):
+    CONFIG.replace(source_chars=-1)
 
 
 def test_embedding_is_scaled_by_sqrt_d_model():

@@ -213,6 +213,44 @@ def test_word_dropout_reads_words_as_their_classes_in_source_and_target_alike():
   assert len(seen) > 2
 
 
+def test_a_source_word_comes_with_its_first_and_last_letters():
+  """parsing.word_chars K: each source word's id, then its first and last K characters
+  (1 + code point mod 255; 0 where the word is shorter), also for a word read as its class."""
+  code = lambda text: [1 + ord(c) % 255 for c in text]  # noqa: E731
+  assert ptb.spelling("fizzled", 3) == code("fiz") + code("led")
+  assert ptb.spelling("a", 3) == code("a") + [0, 0] + [0, 0] + code("a")
+  assert ptb.spelling("Smith", 2) == code("Sm") + code("th")
+  assert ptb.spelling("€", 1) == [1 + ord("€") % 255] * 2  # beyond 255: folded, never 0
+  train = [trees.preprocess(t) for t in trees.parse_trees(THREE_TREES)]
+  tokenizer = ptb.build_vocabulary(train, "labeled", vocab_size=64)
+  known = set(tokenizer.words)
+  words = ["Smith", "fizzled", "."]
+  ids = ptb.encode_words(tokenizer, known, words)
+  assert ptb.encode_source(tokenizer, known, words) == ids  # word_chars 0: the ids alone
+  source = ptb.encode_source(tokenizer, known, words, word_chars=3)
+  assert source.shape == (3, 7) and source.dtype == np.int32
+  np.testing.assert_array_equal(source[:, 0], ids)  # fizzled: its class, <unk:low:ed>
+  assert [list(row[1:]) for row in source] == [ptb.spelling(w, 3) for w in words]
+  assert ptb.encode_source(tokenizer, known, [], word_chars=3).shape == (0, 7)
+
+  # Word dropout reads a dropped word's id as its class and keeps its letters.
+  classes = jnp.asarray(ptb.word_class_table(tokenizer))
+  batch = {"inputs": jnp.asarray(source[None]), "targets": jnp.asarray([ids])}
+  every = ptb.drop_words(batch, jax.random.PRNGKey(0), 1.0, classes)
+  np.testing.assert_array_equal(every["inputs"][0, :, 0], np.asarray(classes)[ids])
+  np.testing.assert_array_equal(every["inputs"][0, :, 1:], source[:, 1:])
+  np.testing.assert_array_equal(every["targets"][0], np.asarray(classes)[ids])
+
+  config = parsing_sample.get_config()
+  for bad in (-1, 17):
+    config.parsing.word_chars = bad
+    with pytest.raises(config_lib.ConfigError, match="parsing.word_chars"):
+      config_lib.validate(config)
+  config.parsing.word_chars = 4
+  config_lib.validate(config)
+  assert config_lib.run_model_config(config, tokenizer).source_chars == 8
+
+
 def test_word_dropout_and_suffix_letters_config():
   config = parsing_sample.get_config()
   config.parsing.word_dropout = 0.1

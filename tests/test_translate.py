@@ -301,6 +301,18 @@ def test_translation_batches_sort_by_length_and_size_by_tokens():
     assert np.all(inputs[len(real) :] == inputs[0])  # filler: a copy of the first sentence
     seen.extend(real.tolist())
   assert sorted(seen) == list(range(len(sources)))
+  # Sources with features ([n, 1 + C]: ids and spellings, model/config.py source_chars): the
+  # same batches, their first column the ids' inputs, EOS and PAD with no features.
+  spelled = [np.stack([s, np.asarray(s) + 1000], axis=-1) for s in map(np.asarray, sources)]
+  for (index, inputs), (same, featured) in zip(
+      inference.translation_batches(sources, buckets, 512, rows_multiple=4),
+      inference.translation_batches(spelled, buckets, 512, rows_multiple=4),
+      strict=True,
+  ):
+    np.testing.assert_array_equal(same, index)
+    np.testing.assert_array_equal(featured[..., 0], inputs)
+    real = (inputs != 0) & (inputs != 1)  # not PAD, not EOS
+    np.testing.assert_array_equal(featured[..., 1], np.where(real, inputs + 1000, 0))
 
 
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite

@@ -189,6 +189,10 @@ def test_random_walks_match_the_reference_and_restore_without_repair(closing, wo
     while not prefix or prefix[-1] != EOS_ID:
       args = _pad(prefix, N)[None], np.array([limit], np.int32), _pad(source, S)[None]
       legal = np.asarray(_legal_fn(constraint)(*args))[0]
+      if walk == 0:  # inputs with spellings (parsing.word_chars): the rule reads their ids
+        chars = rng.integers(1, 256, size=args[2].shape + (4,))
+        spelled = np.concatenate([args[2][..., None], chars], axis=-1)  # [1, S, 5]
+        np.testing.assert_array_equal(_legal_fn(constraint)(*args[:2], spelled)[0], legal)
       expected = reference_legal(tokens, prefix, source[:-1], closing, words, limit, order)
       assert set(np.flatnonzero(legal).tolist()) == expected, (walk, prefix)
       _assert_same_as_reference(constraint, rng, *args)

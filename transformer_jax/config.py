@@ -180,13 +180,17 @@ def distributed_section() -> ml_collections.ConfigDict:
 
 
 def model_config(
-    config: ml_collections.ConfigDict, vocab_size: int, output_tokens: int = 0
+    config: ml_collections.ConfigDict,
+    vocab_size: int,
+    output_tokens: int = 0,
+    source_chars: int = 0,
 ) -> TransformerConfig:
   """The model `config.model` describes, over a vocabulary of `vocab_size` pieces, scoring
-  `output_tokens` of them one by one (0: all; a task's choice, `run_model_config`)."""
-  # Not config.model's: the vocabulary's size, the modes, and the outputs a task chooses.
+  `output_tokens` of them one by one (0: all) and reading `source_chars` characters of each
+  source token (0: none); both a task's choice, `run_model_config`."""
+  # Not config.model's: the vocabulary's size, the modes, and what a task chooses.
   fields = {f.name for f in dataclasses.fields(TransformerConfig)} - {
-      "vocab_size", "deterministic", "decode", "output_tokens"
+      "vocab_size", "deterministic", "decode", "output_tokens", "source_chars"
   }  # fmt: skip
   unknown = sorted(set(config.model) - fields)
   if unknown:
@@ -195,17 +199,22 @@ def model_config(
         f"{sorted(fields)}; the vocabulary and the outputs come from the run's data and task)"
     )
   return TransformerConfig(
-      vocab_size=vocab_size, output_tokens=output_tokens, **config.model.to_dict()
+      vocab_size=vocab_size,
+      output_tokens=output_tokens,
+      source_chars=source_chars,
+      **config.model.to_dict(),
   )
 
 
 def run_model_config(config: ml_collections.ConfigDict, tokenizer) -> TransformerConfig:
-  """The model of a run of `config` over `tokenizer`'s vocabulary, scoring the outputs its task
-  chooses (`Task.output_tokens`): what training, averaging and the commands build."""
+  """The model of a run of `config` over `tokenizer`'s vocabulary, scoring the outputs and reading
+  the source features its task chooses (`Task.output_tokens`, `Task.source_chars`): what
+  training, averaging and the commands build."""
   from transformer_jax import tasks  # tasks import this module
 
-  output_tokens = tasks.get(config.task).output_tokens(config, tokenizer)
-  return model_config(config, tokenizer.vocab_size, output_tokens)
+  task = tasks.get(config.task)
+  output_tokens = task.output_tokens(config, tokenizer)
+  return model_config(config, tokenizer.vocab_size, output_tokens, task.source_chars(config))
 
 
 # Keys of a parsing run that lived in the generic sections before the parsing task had its own

@@ -2,7 +2,8 @@
 
 Every batch is a dict of int32 arrays; B rows, L positions, PAD_ID after the sentence:
 
-    inputs          [B, L]  source ids + [EOS]
+    inputs          [B, L]  source ids + [EOS]; [B, L, 1 + C] for sources given as [n, 1 + C]
+                            arrays (each token's id and C features; EOS and PAD have none)
     decoder_inputs  [B, L]  [BOS] + target ids      (targets shifted right, §3.1)
     targets         [B, L]  target ids + [EOS]
 
@@ -82,17 +83,25 @@ class _Packed:
     self.lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
     self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
     total = int(self.lengths.sum())
-    # Iterating a numpy array yields slow numpy scalars; .tolist() first is ~5x faster.
-    tokens = itertools.chain.from_iterable(
-        s.tolist() if isinstance(s, np.ndarray) else s for s in seqs
-    )
-    # One trailing PAD so clipped indices of empty sequences stay in range.
-    self.flat = np.fromiter(itertools.chain(tokens, [PAD_ID]), dtype=np.int64, count=total + 1)
-    bad = (self.flat[:-1] < 0) | np.isin(self.flat[:-1], (PAD_ID, EOS_ID, BOS_ID))
+    width = feature_width(seqs)
+    if width:  # [n, 1 + C] per example: ids and their features (model/config.py source_chars)
+      rows = [np.asarray(s, np.int64).reshape(-1, width) for s in seqs]
+      # One trailing PAD row so clipped indices of empty sequences stay in range.
+      self.flat = np.concatenate([*rows, np.zeros((1, width), np.int64)])  # [T + 1, 1 + C]
+      ids = self.flat[:-1, 0]
+    else:
+      # Iterating a numpy array yields slow numpy scalars; .tolist() first is ~5x faster.
+      tokens = itertools.chain.from_iterable(
+          s.tolist() if isinstance(s, np.ndarray) else s for s in seqs
+      )
+      # One trailing PAD so clipped indices of empty sequences stay in range.
+      self.flat = np.fromiter(itertools.chain(tokens, [PAD_ID]), dtype=np.int64, count=total + 1)
+      ids = self.flat[:-1]
+    bad = (ids < 0) | np.isin(ids, (PAD_ID, EOS_ID, BOS_ID))
     if bad.any():
       example = int(np.searchsorted(self.starts, np.argmax(bad), side="right") - 1)
       raise ValueError(
-          f"{side} ids of example {example} contain {int(self.flat[np.argmax(bad)])}: "
+          f"{side} ids of example {example} contain {int(ids[np.argmax(bad)])}: "
           f"ids must be >= 0 and not PAD/EOS/BOS ({PAD_ID}/{EOS_ID}/{BOS_ID}), "
           "which batching adds itself; tokenize with encode(), which appends none."
       )
@@ -110,13 +119,36 @@ class _Packed:
     pos = np.arange(length)[None, :] - int(bos)  # [1, L]
     in_sentence = (pos >= 0) & (pos < lens[:, None])  # [R, L]
     flat_index = np.clip(self.starts[index][:, None] + pos, 0, len(self.flat) - 1)
-    out = np.where(in_sentence, self.flat[flat_index], PAD_ID).astype(np.int32)  # [R, L]
+    values = self.flat[flat_index]  # [R, L] (or [R, L, 1 + C] with features)
+    keep = in_sentence if values.ndim == 2 else in_sentence[..., None]
+    out = np.where(keep, values, PAD_ID).astype(np.int32)  # [R, L(, 1 + C)]
     if bos:
-      out[:, 0] = BOS_ID
+      out[:, 0] = _marker(BOS_ID, out.shape[2:])
     if eos:
-      out[np.arange(len(index)), lens + int(bos)] = EOS_ID
+      out[np.arange(len(index)), lens + int(bos)] = _marker(EOS_ID, out.shape[2:])
     out[~valid] = PAD_ID
     return out
+
+
+def feature_width(seqs: Sequence) -> int:
+  """0 for sequences of ids; 1 + C for [n, 1 + C] arrays, each token's id and C features (a
+  token's spelling, model/config.py `source_chars`), which must all be as wide."""
+  widths = {s.shape[1] if isinstance(s, np.ndarray) and s.ndim == 2 else 0 for s in seqs}
+  if len(widths) > 1:
+    raise ValueError(
+        f"examples mix token ids and [n, 1 + C] arrays of ids and features (widths "
+        f"{sorted(widths)}): a side's examples are all one or all the other, of one width"
+    )
+  return widths.pop() if widths else 0
+
+
+def _marker(token: int, features: tuple[int, ...]) -> np.ndarray | int:
+  """EOS or BOS as a batch writes it: the id, with no features (zeros) where a token has them."""
+  if not features:
+    return token
+  out = np.zeros(features, np.int32)
+  out[0] = token
+  return out
 
 
 class _Corpus:
@@ -181,15 +213,17 @@ class _Corpus:
       flat_index = np.where(is_id, packed.starts[pairs][pair_of] + pos, 0)
       # One flat index into [R * L]: the pair's row, and its offset in the row plus pos.
       cell = (row_of * row_len + start - start[first[row_of]])[pair_of] + pos  # [T]
-      values = np.where(is_id, np.take(packed.flat, flat_index), EOS_ID)
+      taken = np.take(packed.flat, flat_index, axis=0)  # [T] (or [T, 1 + C] with features)
+      eos = _marker(EOS_ID, taken.shape[1:])
+      values = np.where(is_id if taken.ndim == 1 else is_id[:, None], taken, eos)
       for key, fill in (
           (side, values),
           (f"{side}_positions", pos),
           (f"{side}_segmentation", segment[pair_of]),
       ):
-        out = np.zeros(num_rows * row_len, np.int32)  # [R * L]
+        out = np.zeros((num_rows * row_len,) + fill.shape[1:], np.int32)  # [R * L(, 1 + C)]
         out[cell] = fill
-        batch[key] = out.reshape(num_rows, row_len)  # [R, L]
+        batch[key] = out.reshape((num_rows, row_len) + fill.shape[1:])  # [R, L(, 1 + C)]
     # Decoder inputs: the targets shifted right within each pair, BOS first (§3.1).
     targets = batch["targets"]
     decoder_inputs = np.zeros_like(targets)  # [R, L]
@@ -573,5 +607,6 @@ def eval_batches(
 def padding_efficiency(batch: Batch) -> float:
   """Share of non-PAD tokens over inputs and targets: 1.0 means no wasted compute."""
   inputs, targets = batch["inputs"], batch["targets"]
+  inputs = inputs if inputs.ndim == 2 else inputs[..., 0]  # [B, L]: ids, not their spellings
   real = np.count_nonzero(inputs != PAD_ID) + np.count_nonzero(targets != PAD_ID)
   return real / (inputs.size + targets.size)

@@ -53,15 +53,15 @@ import numpy as np
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import batch_shapes, top_k
 from transformer_jax.decoding.batch_shapes import Shapes
-from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.config import TransformerConfig, source_ids
 from transformer_jax.model.incremental import IncrementalDecoder
 from transformer_jax.parallel import distributed
 
 
 def output_limits(inputs: jax.Array, extra: int, max_decode_len: int) -> jax.Array:
   """[b] int32: each sentence's maximum output length, its source length (EOS included) + extra
-  (§6.1), within `max_decode_len`."""
-  lengths = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32)
+  (§6.1), within `max_decode_len`. `inputs` [b, s] (or [b, s, 1 + C], model/config.py)."""
+  lengths = jnp.sum(source_ids(inputs) != PAD_ID, axis=1, dtype=jnp.int32)
   return jnp.minimum(lengths + extra, max_decode_len)
 
 

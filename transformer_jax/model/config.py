@@ -17,6 +17,8 @@ import jax.numpy as jnp
 # (data/tokenizer.py) give it the same id.
 PAD_ID = 0
 BOS_ID = 2  # the decoder's first input (incremental.py); the tokenizers' BOS
+# Character ids of a source token's spelling (`TransformerConfig.source_chars`): 1..255, 0 none.
+CHAR_VOCAB = 256
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -67,6 +69,11 @@ class TransformerConfig:
   # logits [..., N + 1], ids 0..N-1 one by one and one more output, "any other token", with its
   # own weights.
   output_tokens: int = 0
+  # 0 (the paper): a source token is its id, inputs [b, s]. C > 0 (a task's deviation, set by the
+  # task, never by hand: tasks/base.py Task.source_chars): inputs [b, s, 1 + C], each token's id
+  # and then C character ids of its spelling (CHAR_VOCAB), whose features are added to its
+  # embedding (transformer.py SpellingFeatures).
+  source_chars: int = 0
   positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
   norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in §3.1; "pre": pre-LN
   layer_norm_epsilon: float = 1e-6
@@ -111,6 +118,7 @@ class TransformerConfig:
             0 <= self.output_tokens < self.vocab_size,
             f"output_tokens={self.output_tokens} not in [0, vocab_size={self.vocab_size})",
         ),
+        (self.source_chars >= 0, f"source_chars={self.source_chars} must be >= 0"),
         (
             self.positional in ("sinusoidal", "learned"),
             f"positional={self.positional!r}; expected 'sinusoidal' or 'learned'",
@@ -155,5 +163,17 @@ class TransformerConfig:
     """The decoder's logits per position: the vocabulary, or `output_tokens` + 1."""
     return self.output_tokens + 1 if self.output_tokens else self.vocab_size
 
+  def dummy_inputs(self, rows: int = 1, length: int = 8):
+    """PAD inputs of the shape this model reads ([rows, length], or [rows, length, 1 + C] with
+    `source_chars` C): what `init` traces."""
+    shape = (rows, length) + ((1 + self.source_chars,) if self.source_chars else ())
+    return jnp.zeros(shape, jnp.int32)
+
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)
+
+
+def source_ids(inputs):
+  """The token ids of model inputs: inputs [b, s] themselves, or [b, s, 1 + C] (a token's id and
+  its spelling, `TransformerConfig.source_chars`) -> [b, s]."""
+  return inputs if inputs.ndim == 2 else inputs[..., 0]

@@ -23,7 +23,7 @@ from transformer_jax.model.attention import (
     default_kernel_init,
     segment_mask,
 )
-from transformer_jax.model.config import PAD_ID, TransformerConfig
+from transformer_jax.model.config import CHAR_VOCAB, PAD_ID, TransformerConfig, source_ids
 from transformer_jax.parallel import sharding
 
 # The JAX policy of each of model_config.REMAT_POLICIES: what a rematerialised layer saves.
@@ -82,6 +82,7 @@ class FeedForward(nn.Module):
   """FFN(x) = max(0, x W1 + b1) W2 + b2 — §3.3, Eq. 2."""
 
   config: TransformerConfig
+  input_axis: str | None = sharding.EMBED  # x's last axis, d_model (None: another width)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -91,7 +92,7 @@ class FeedForward(nn.Module):
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
         kernel_init=nn.with_logical_partitioning(
-            default_kernel_init, (sharding.EMBED, sharding.MLP)
+            default_kernel_init, (self.input_axis, sharding.MLP)
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.MLP,)),
         name="wi",
@@ -219,6 +220,35 @@ class Embed(nn.Module):
     if self.config.output_tokens:
       embedding = embedding[: self.config.output_tokens]
     return _output_projection(x, embedding)
+
+
+class SpellingFeatures(nn.Module):
+  """A source token's spelling -> a vector added to its embedding (`source_chars`; a deviation,
+  not in the paper, which reads a token by its id alone).
+
+  chars [b, s, C] holds C character ids per token (CHAR_VOCAB; 0 where there is none): each is
+  embedded, the C embeddings are concatenated in their order, so that a character's place (the
+  first letters, the last) counts, and a feed-forward network as §3.3's (Eq. 2, d_ff units) maps
+  them to d_model. What a parser usually gives unknown words (Stanford's and the chart
+  parsers' character features): a word read as its unknown-word class still shows its letters.
+  """
+
+  config: TransformerConfig
+  char_dim: int = 32
+
+  @nn.compact
+  def __call__(self, chars: jax.Array) -> jax.Array:
+    cfg = self.config
+    table = self.param(
+        "char_embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), (None, None)),
+        (CHAR_VOCAB, self.char_dim),
+        cfg.param_dtype,
+    )
+    x = jnp.take(table, chars, axis=0).astype(cfg.dtype)  # [b, s, C, c]
+    x = jnp.where((chars != 0)[..., None], x, 0)  # no character: nothing
+    x = x.reshape(chars.shape[:-1] + (chars.shape[-1] * self.char_dim,))  # [b, s, C*c]
+    return FeedForward(cfg, input_axis=None, name="ffn")(x)  # [b, s, e]
 
 
 @jax.custom_vjp
@@ -356,14 +386,18 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
+    """inputs [b, s] ids, or [b, s, 1 + C]: ids and spellings (`source_chars` C)."""
     cfg = self.config
+    ids = source_ids(inputs)  # [b, s]
     mask = AttentionMask(
-        key_valid=inputs != PAD_ID,  # [b, s]
+        key_valid=ids != PAD_ID,  # [b, s]
         extra=None
         if inputs_segmentation is None
         else segment_mask(inputs_segmentation, inputs_segmentation),  # [b, 1, s, s]
     )
-    x = self.embed(inputs)  # [b, s, e]
+    x = self.embed(ids)  # [b, s, e]
+    if cfg.source_chars:
+      x = x + SpellingFeatures(cfg, name="spelling")(inputs[..., 1:])  # [b, s, e]
     x = AddPositions(cfg, name="positions")(x, inputs_positions)
     # §5.4: dropout on the sums of the embeddings and the positional encodings.
     x = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(x)
@@ -407,7 +441,7 @@ class Decoder(nn.Module):
           causal=True,  # §3.2.3: no attention to later positions
       )
     cross_mask = AttentionMask(
-        key_valid=inputs != PAD_ID,  # [b, s]
+        key_valid=source_ids(inputs) != PAD_ID,  # [b, s]
         extra=None
         if targets_segmentation is None
         else segment_mask(targets_segmentation, inputs_segmentation),  # [b, 1, t, s]
@@ -479,7 +513,7 @@ class Transformer(nn.Module):
     self.decoder = Decoder(cfg, embed=target_embed)
 
   def encode(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
-    """inputs [b, s] -> encoded [b, s, e]."""
+    """inputs [b, s] (or [b, s, 1 + C] with `source_chars`) -> encoded [b, s, e]."""
     return self.encoder(inputs, inputs_positions, inputs_segmentation)
 
   def decode(

@@ -32,7 +32,7 @@ import orbax.checkpoint as ocp
 
 from transformer_jax import config as config_lib
 from transformer_jax import errors, tasks
-from transformer_jax.data import pipeline
+from transformer_jax.data import batching, pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from transformer_jax.decoding import decode
 from transformer_jax.model.config import TransformerConfig
@@ -92,9 +92,9 @@ def set_values(config: ml_collections.ConfigDict, values: dict[str, Any]) -> Non
 def abstract_params(model_config: TransformerConfig, param_sharding) -> Any:
   """ShapeDtypeStructs of the model's parameters (nothing computed), laid out by
   `param_sharding`."""
-  dummy = jnp.zeros((1, 8), jnp.int32)
+  dummy, targets = model_config.dummy_inputs(), jnp.zeros((1, 8), jnp.int32)
   shapes = jax.eval_shape(
-      lambda: nn.unbox(Transformer(model_config).init(jax.random.PRNGKey(0), dummy, dummy))[
+      lambda: nn.unbox(Transformer(model_config).init(jax.random.PRNGKey(0), dummy, targets))[
           "params"
       ]
   )
@@ -314,7 +314,9 @@ def translation_batches(
     batch_tokens: int,
     rows_multiple: int = 1,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """(index [B], inputs [B, L]) batches of every source (ids + EOS), sorted by length.
+  """(index [B], inputs [B, L]) batches of every source (ids + EOS), sorted by length; sources
+  given as [n, 1 + C] arrays (ids and spellings, model/config.py `source_chars`) give inputs
+  [B, L, 1 + C].
 
   Sentences go in order of length (stable), so a batch's sentences need about as many decoding
   steps as each other. A batch is padded to the bucket L of its longest sentence and has
@@ -329,6 +331,8 @@ def translation_batches(
       (min(len(s) + 1, bucket_lengths[-1]) for s in sources), np.int64, count=len(sources)
   )
   bucket_of = np.searchsorted(np.asarray(bucket_lengths), lengths)  # first bucket >= length
+  width = batching.feature_width(sources)  # [n, 1 + C] sources: ids and features
+  features = (width,) if width else ()
   order = np.argsort(lengths, kind="stable")
 
   def rows_for(bucket: int) -> int:
@@ -343,10 +347,11 @@ def translation_batches(
     index = order[start:end]
     bucket = int(bucket_of[index[-1]])
     length, rows = bucket_lengths[bucket], rows_for(bucket)
-    inputs = np.full((rows, length), PAD_ID, np.int32)
+    inputs = np.full((rows, length) + features, PAD_ID, np.int32)  # [B, L(, 1 + C)]
     for row, i in enumerate(index):
-      ids = list(sources[i])[: length - 1] + [EOS_ID]
+      ids = np.asarray(sources[i], np.int32)[: length - 1]  # [n(, 1 + C)]
       inputs[row, : len(ids)] = ids
+      inputs[row, len(ids)] = EOS_ID if not features else [EOS_ID] + [PAD_ID] * (width - 1)
     inputs[len(index) :] = inputs[0]  # filler rows: a copy of the first sentence
     yield np.concatenate([index, np.full(rows - len(index), -1, index.dtype)]), inputs
     start = end

@@ -96,6 +96,12 @@ def unsupported_reason(model_config) -> str | None:
         "output (a task's output_tokens, e.g. parsing.word_output='one'): CTranslate2's "
         "output layer scores every vocabulary id, so this model cannot be exported to it"
     )
+  if model_config.source_chars:
+    return (
+        f"the encoder reads {model_config.source_chars} characters of each source token beside its "
+        "id (a task's source_chars, e.g. parsing.word_chars): CTranslate2's encoder reads ids "
+        "only, so this model cannot be exported to it"
+    )
   if model_config.head_key_dim != model_config.head_value_dim:
     return (
         f"model.key_dim={model_config.head_key_dim} != model.value_dim="

@@ -66,6 +66,12 @@ class Task:
     config.run_model_config); 0: every id its own output, the paper's."""
     return 0
 
+  def source_chars(self, config: ml_collections.ConfigDict) -> int:
+    """C > 0: each source token comes with C character ids of its spelling, whose features the
+    encoder adds to its embedding (a deviation: model/config.py's `source_chars`; the task's
+    sources are then [n, 1 + C] arrays); 0: a token is its id, the paper's."""
+    return 0
+
   def constraint(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Any:
     """The search's constraint (decoding.decode.Predictor's `constraint`), or None. One whose
     answer renormalizes (the same for any per-row shift) may say `takes_logits = True`."""

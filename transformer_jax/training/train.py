@@ -255,8 +255,8 @@ class Trainer:
     return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
 
   def _init_boxed(self, rng) -> TrainState:
-    dummy = jnp.zeros((1, 8), jnp.int32)
-    params = self.train_model.init({"params": rng, "dropout": rng}, dummy, dummy)["params"]
+    dummy, targets = self.train_model.config.dummy_inputs(), jnp.zeros((1, 8), jnp.int32)
+    params = self.train_model.init({"params": rng, "dropout": rng}, dummy, targets)["params"]
     return TrainState(
         step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
     )

@@ -115,8 +115,10 @@ class Parser:
     self.check(words)
     run = self.run
     known = set(run.tokenizer.words)
-    letters = run.config.parsing.suffix_letters
-    encoded = [ptb.encode_words(run.tokenizer, known, w, letters) for w in words]
+    p = run.config.parsing
+    encoded = [
+        ptb.encode_source(run.tokenizer, known, w, p.suffix_letters, p.word_chars) for w in words
+    ]
     hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha, stats=stats)
     linearization = trees.Linearization.from_config(run.config.parsing)
     return scoring.to_trees(hypotheses, words, linearization)

@@ -32,6 +32,12 @@ Word dropout (`config.parsing.word_dropout`, a deviation, off by default): in ea
 each vocabulary word is read as its class with that probability, in the source and the target
 alike (`word_class_table`; train.drop_words), so that the model learns more of what a word's
 shape and suffix say than the 3k trees of the sample teach it about each word.
+
+Spellings (`config.parsing.word_chars` K, a deviation, off by default): each source word comes
+with its first and last K characters (`spelling`, `encode_source`), which the encoder embeds and
+adds to the word's embedding (model/transformer.py SpellingFeatures): a word read as its class
+(unknown, or dropped) still shows its letters, as the character features of other parsers do.
+Targets stay ids.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import numpy as np
 from transformer_jax import errors
 from transformer_jax import files as files_lib
 from transformer_jax.data.tokenizer import RESERVED_TOKENS, WordTokenizer
+from transformer_jax.model.config import CHAR_VOCAB
 from transformer_jax.parallel import distributed
 from transformer_jax.tasks.parsing import trees
 
@@ -176,6 +183,37 @@ def encode_words(
   return tokenizer.encode(" ".join(out))
 
 
+def spelling(word: str, letters: int) -> list[int]:
+  """A word's first and last `letters` characters as 2 * letters character ids (model/config.py
+  CHAR_VOCAB: 1 + code point mod 255; 0 where the word is shorter): 'fizzled', 3 -> the ids of
+  f, i, z, l, e, d. The spelling the encoder reads beside each source token's id
+  (`config.parsing.word_chars`)."""
+  ids = [1 + ord(c) % (CHAR_VOCAB - 1) for c in word]
+  first = ids[:letters] + [0] * (letters - min(letters, len(ids)))
+  last = [0] * (letters - min(letters, len(ids))) + ids[-letters:]
+  return first + last
+
+
+def encode_source(
+    tokenizer: WordTokenizer,
+    known: set[str],
+    words: Sequence[str],
+    suffix_letters: int = 2,
+    word_chars: int = 0,
+) -> list[int] | np.ndarray:
+  """A sentence as the model reads it: its token ids (`encode_words`), or with `word_chars` K an
+  [n, 1 + 2K] array, each word's id and then its `spelling`, so that a word read as its class
+  still shows its letters (`config.parsing.word_chars`)."""
+  ids = encode_words(tokenizer, known, words, suffix_letters)
+  if not word_chars:
+    return ids
+  out = np.zeros((len(ids), 1 + 2 * word_chars), np.int32)  # [n, 1 + 2K]
+  out[:, 0] = ids
+  if len(ids):
+    out[:, 1:] = [spelling(w, word_chars) for w in words]
+  return out
+
+
 def _class_token(word: str, known: set[str], suffix_letters: int) -> str:
   """The class `word` is read as when the vocabulary lacks it: its finest class the vocabulary
   has, else its shape's (which the tokenizer reads as `<unk>` if it does not know that either)."""
@@ -252,7 +290,7 @@ def load_splits(
     # A target's words (parsing.tree_words) are read as the source's are; tree tokens as they are.
     examples = [
         (
-            encode_words(tokenizer, known, s.split(), letters),
+            encode_source(tokenizer, known, s.split(), letters, config.parsing.word_chars),
             encode_words(tokenizer, known, t.split(), letters),
         )
         for s, t in pairs
@@ -271,4 +309,8 @@ def drop_words(batch: dict, rng: jax.Array, rate: float, classes) -> dict:
   vocab = classes.shape[0]
   dropped = jax.random.bernoulli(rng, rate, (vocab,))  # [v]
   table = jnp.where(dropped, classes, jnp.arange(vocab, dtype=classes.dtype))  # [v]
-  return {k: table[v] if k in _WORD_KEYS else v for k, v in batch.items()}
+
+  def drop(ids):  # [b, L], or [b, L, 1 + C] inputs whose spellings stay (parsing.word_chars)
+    return table[ids] if ids.ndim == 2 else ids.at[..., 0].set(table[ids[..., 0]])
+
+  return {k: drop(v) if k in _WORD_KEYS else v for k, v in batch.items()}

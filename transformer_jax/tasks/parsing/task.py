@@ -9,6 +9,8 @@ deviations from §6.3 among them are off by default:
   suffix_letters    the longest word ending an unknown-word class keeps (2; ptb.py)
   word_dropout      read each vocabulary word of a training batch as its unknown-word class with
                     this probability (a deviation; ptb.py)
+  word_chars        the encoder also reads each source word's first and last this many
+                    characters (a deviation, 0 = off; ptb.py, model/transformer.py)
   word_loss         "exact" (the paper) or "any": a target word scored as "a word comes here"
                     (a deviation; needs tree_words; training/losses.py)
   word_output       "vocabulary" (the paper) or "one": the decoder scores the tree tokens one by
@@ -34,7 +36,7 @@ class ParsingTask(base.Task):
   command = "parse"
   sources = ("ptb",)
   metric = "f1"
-  model_keys = ("word_output", "suffix_letters")
+  model_keys = ("word_output", "suffix_letters", "word_chars")
 
   def config_section(self):
     s = ml_collections.ConfigDict()
@@ -56,6 +58,11 @@ class ParsingTask(base.Task):
     # In each training batch, each vocabulary word is read as its unknown-word class with this
     # probability, in source and target alike (word dropout, a deviation, off by default; ptb.py).
     s.word_dropout = 0.0
+    # K > 0: the encoder reads each source word's first and last K characters beside its id,
+    # embedded and added to its embedding, so that a word read as its unknown-word class still
+    # shows its letters (a deviation, off by default: §6.3 reads tokens by their ids; ptb.py
+    # `spelling`, model/transformer.py SpellingFeatures).
+    s.word_chars = 0
     # "exact" (the paper): every target token is scored. "any" (a deviation; with tree_words): a
     # target word is scored as "a word comes here", its probability the sum over the
     # vocabulary's words, since the decoding constraint dictates which (training/losses.py).
@@ -90,6 +97,11 @@ class ParsingTask(base.Task):
         "expected the longest ending an unknown-word class keeps, 2 to 8 letters",
     )
     check(0.0 <= p.word_dropout < 1.0, "parsing.word_dropout", "must be in [0, 1)")
+    check(
+        0 <= p.word_chars <= 16,
+        "parsing.word_chars",
+        "expected how many of a word's first and last characters the encoder reads, 0 (off) to 16",
+    )
     check(p.word_loss in ("exact", "any"), "parsing.word_loss", "expected 'exact' or 'any'")
     check(
         p.word_loss == "exact" or p.tree_words,
@@ -147,6 +159,9 @@ class ParsingTask(base.Task):
     from transformer_jax.tasks.parsing import tree_constraint
 
     return tree_constraint.output_tokens(tokenizer)
+
+  def source_chars(self, config):
+    return 2 * config.parsing.word_chars  # the first and the last word_chars (ptb.spelling)
 
   def constraint(self, config, tokenizer):
     from transformer_jax.tasks.parsing import tree_constraint

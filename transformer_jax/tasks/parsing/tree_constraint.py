@@ -63,6 +63,7 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS
 from transformer_jax.decoding import decode
+from transformer_jax.model.config import source_ids
 from transformer_jax.tasks.parsing import evalb, trees
 
 # The kinds of token ids.
@@ -226,6 +227,7 @@ class TreeConstraint:
     kinds_table, closing_table = jnp.asarray(self.kinds), jnp.asarray(self.closing)
     n = prefixes.shape[-1]
     per_row = (1,) * (prefixes.ndim - 2)  # the beam axis, if any
+    inputs = source_ids(inputs)  # [b, s]: the ids, without spellings (parsing.word_chars)
     src = inputs.reshape(inputs.shape[:1] + per_row + inputs.shape[1:])  # [b, (1,) s]
     limit = limit.reshape(limit.shape + per_row)  # [b, (1)]
     kinds = kinds_table[prefixes]  # [..., n]
