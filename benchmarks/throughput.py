@@ -26,7 +26,8 @@ multiply-add; the backward pass costs twice the forward, so training = 3x forwar
                   decoder:  M * B*T * (2 e (k+v) + 2 e f)        self-attention proj. and FFN
                           + M * e (k+v) * (B*T + B*S)            cross-attention Q,O / K,V
                           + M * (B*T^2 + B*T*S) * (k+v)          self- and cross-attention
-                  output:   B*T * e * V ]                         pre-softmax projection, V outputs
+                  output:   B*T * e * V                           pre-softmax projection, V outputs
+                  spelling: B*S * (32 C f + f e) ]                a source token's C characters' FFN
   per step = 3 * forward
 
 i.e. 6 * (matmul parameters) * tokens plus the attention terms, with B rows, S/T source/target
@@ -80,6 +81,9 @@ _PEAK_CHAIN = flags.DEFINE_integer(
 _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also time forward and forward+backward.")
 
 
+SPELLING_DIM = 32  # model/transformer.py SpellingFeatures.char_dim
+
+
 def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> float:
   """Matmul FLOPs of one training step (forward + backward); see the module docstring."""
   B, S, T = batch, source_len, target_len
@@ -95,7 +99,9 @@ def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> f
       + (B * T * T + B * T * S) * (k + v)  # scores and weighted sums, self and cross
   )
   output = B * T * e * V
-  forward = 2 * (encoder + decoder + output)  # 2 FLOPs per multiply-add
+  # A source token's spelling (`source_chars` C, 32-wide character embeddings): its FFN.
+  spelling = B * S * (cfg.source_chars * SPELLING_DIM * f + f * e) if cfg.source_chars else 0
+  forward = 2 * (encoder + decoder + output + spelling)  # 2 FLOPs per multiply-add
   return 3.0 * forward  # backward = 2 x forward
 
 
@@ -226,7 +232,7 @@ def main(argv):
     host_batch = next(iter(train.train_batches(config, dataset, trainer)))  # as training reads it
     packed = " (packed rows)" if config.data.packing else ""
     source = f"first training batch of data.source={config.data.source!r}{packed}"
-  rows, source_len = host_batch["inputs"].shape
+  rows, source_len = host_batch["inputs"].shape[:2]  # [B, S] (or [B, S, 1 + C]: spellings)
   target_len = host_batch["targets"].shape[1]
   target_tokens = int(np.count_nonzero(host_batch["targets"] != PAD_ID))
 
