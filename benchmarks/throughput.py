@@ -81,9 +81,6 @@ _PEAK_CHAIN = flags.DEFINE_integer(
 _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also time forward and forward+backward.")
 
 
-SPELLING_DIM = 32  # model/transformer.py SpellingFeatures.char_dim
-
-
 def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> float:
   """Matmul FLOPs of one training step (forward + backward); see the module docstring."""
   B, S, T = batch, source_len, target_len
@@ -99,8 +96,10 @@ def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> f
       + (B * T * T + B * T * S) * (k + v)  # scores and weighted sums, self and cross
   )
   output = B * T * e * V
-  # A source token's spelling (`source_chars` C, 32-wide character embeddings): its FFN.
-  spelling = B * S * (cfg.source_chars * SPELLING_DIM * f + f * e) if cfg.source_chars else 0
+  from transformer_jax.model.config import CHAR_DIM
+
+  # A source token's spelling (`source_chars` C, CHAR_DIM-wide character embeddings): its FFN.
+  spelling = B * S * (cfg.source_chars * CHAR_DIM * f + f * e) if cfg.source_chars else 0
   forward = 2 * (encoder + decoder + output + spelling)  # 2 FLOPs per multiply-add
   return 3.0 * forward  # backward = 2 x forward
 

@@ -87,5 +87,5 @@ def test_spelling_flops_are_six_times_its_kernels_per_source_token():
   extra = throughput.model_flops_per_step(spelled, 4, 10, 12) - throughput.model_flops_per_step(
       cfg, 4, 10, 12
   )
-  kernels = 8 * throughput.SPELLING_DIM * 64 + 64 * 32  # wi [C*32, f] and wo [f, e]
+  kernels = 8 * 32 * 64 + 64 * 32  # wi [C*32, f] and wo [f, e]
   assert extra == 6 * 4 * 10 * kernels

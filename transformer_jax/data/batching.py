@@ -123,9 +123,9 @@ class _Packed:
     keep = in_sentence if values.ndim == 2 else in_sentence[..., None]
     out = np.where(keep, values, PAD_ID).astype(np.int32)  # [R, L(, 1 + C)]
     if bos:
-      out[:, 0] = _marker(BOS_ID, out.shape[2:])
+      out[:, 0] = marker(BOS_ID, out.shape[2:])
     if eos:
-      out[np.arange(len(index)), lens + int(bos)] = _marker(EOS_ID, out.shape[2:])
+      out[np.arange(len(index)), lens + int(bos)] = marker(EOS_ID, out.shape[2:])
     out[~valid] = PAD_ID
     return out
 
@@ -142,7 +142,7 @@ def feature_width(seqs: Sequence) -> int:
   return widths.pop() if widths else 0
 
 
-def _marker(token: int, features: tuple[int, ...]) -> np.ndarray | int:
+def marker(token: int, features: tuple[int, ...]) -> np.ndarray | int:
   """EOS or BOS as a batch writes it: the id, with no features (zeros) where a token has them."""
   if not features:
     return token
@@ -214,7 +214,7 @@ class _Corpus:
       # One flat index into [R * L]: the pair's row, and its offset in the row plus pos.
       cell = (row_of * row_len + start - start[first[row_of]])[pair_of] + pos  # [T]
       taken = np.take(packed.flat, flat_index, axis=0)  # [T] (or [T, 1 + C] with features)
-      eos = _marker(EOS_ID, taken.shape[1:])
+      eos = marker(EOS_ID, taken.shape[1:])
       values = np.where(is_id if taken.ndim == 1 else is_id[:, None], taken, eos)
       for key, fill in (
           (side, values),

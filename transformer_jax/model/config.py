@@ -19,6 +19,7 @@ PAD_ID = 0
 BOS_ID = 2  # the decoder's first input (incremental.py); the tokenizers' BOS
 # Character ids of a source token's spelling (`TransformerConfig.source_chars`): 1..255, 0 none.
 CHAR_VOCAB = 256
+CHAR_DIM = 32  # the width of a character's embedding (transformer.py SpellingFeatures)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

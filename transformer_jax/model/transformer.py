@@ -23,7 +23,13 @@ from transformer_jax.model.attention import (
     default_kernel_init,
     segment_mask,
 )
-from transformer_jax.model.config import CHAR_VOCAB, PAD_ID, TransformerConfig, source_ids
+from transformer_jax.model.config import (
+    CHAR_DIM,
+    CHAR_VOCAB,
+    PAD_ID,
+    TransformerConfig,
+    source_ids,
+)
 from transformer_jax.parallel import sharding
 
 # The JAX policy of each of model_config.REMAT_POLICIES: what a rematerialised layer saves.
@@ -234,7 +240,6 @@ class SpellingFeatures(nn.Module):
   """
 
   config: TransformerConfig
-  char_dim: int = 32
 
   @nn.compact
   def __call__(self, chars: jax.Array) -> jax.Array:
@@ -242,12 +247,12 @@ class SpellingFeatures(nn.Module):
     table = self.param(
         "char_embedding",
         nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), (None, None)),
-        (CHAR_VOCAB, self.char_dim),
+        (CHAR_VOCAB, CHAR_DIM),
         cfg.param_dtype,
     )
     x = jnp.take(table, chars, axis=0).astype(cfg.dtype)  # [b, s, C, c]
     x = jnp.where((chars != 0)[..., None], x, 0)  # no character: nothing
-    x = x.reshape(chars.shape[:-1] + (chars.shape[-1] * self.char_dim,))  # [b, s, C*c]
+    x = x.reshape(chars.shape[:-1] + (chars.shape[-1] * CHAR_DIM,))  # [b, s, C*c]
     return FeedForward(cfg, input_axis=None, name="ffn")(x)  # [b, s, e]
 
 

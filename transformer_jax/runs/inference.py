@@ -351,7 +351,7 @@ def translation_batches(
     for row, i in enumerate(index):
       ids = np.asarray(sources[i], np.int32)[: length - 1]  # [n(, 1 + C)]
       inputs[row, : len(ids)] = ids
-      inputs[row, len(ids)] = EOS_ID if not features else [EOS_ID] + [PAD_ID] * (width - 1)
+      inputs[row, len(ids)] = batching.marker(EOS_ID, features)
     inputs[len(index) :] = inputs[0]  # filler rows: a copy of the first sentence
     yield np.concatenate([index, np.full(rows - len(index), -1, index.dtype)]), inputs
     start = end
