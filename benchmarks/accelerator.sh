@@ -2,7 +2,7 @@
 # The accelerator rows of docs/benchmarks.md, one run each, in one go (so a short GPU
 # reservation measures them all). Usage:
 #
-#   CORPUS=DIR RUN=WORKDIR ROWS="..." bash benchmarks/accelerator.sh [OUTDIR]
+#   CORPUS=DIR RUN=WORKDIR PARSE_RUN=WORKDIR ROWS="..." bash benchmarks/accelerator.sh [OUTDIR]
 #
 # Rows (ROWS: a space-separated subset, default all that can run):
 #   big_bf16_corpus, base_bf16_corpus  configs/{big,base}.py train step (throughput.py) on the
@@ -17,6 +17,10 @@
 #       (default: the run's test split); with CTranslate2 importable, CTranslate2 on the same
 #       device and weights too (DECODE_ENGINES, default jax,ctranslate2 then, else jax; weight
 #       types DECODE_QUANTIZATIONS, default float32,float16,bfloat16,int8); skipped without RUN.
+#   parse  benchmarks/parse.py on a trained parsing run PARSE_RUN (its --workdir): its validation
+#       sentences parsed at the widths PARSE_BEAMS (default 1,4), PARSE_BATCH_TOKENS source tokens
+#       a batch (default 8192), its checkpoint PARSE_CHECKPOINT (default auto), the median of
+#       PARSE_REPEATS warm calls (default 3); skipped without PARSE_RUN.
 # Writes OUTDIR/results.jsonl (one {"name", "rc", "result"} line per run; result is the
 # benchmark's JSON line, or null when it failed, with its stderr's tail in OUTDIR/errors.log) and
 # prints one summary line per run. Each run is cut off after TIMEOUT seconds (default 300).
@@ -97,6 +101,24 @@ for t in ct2.values():
   if isinstance(t, dict):
     modes = ", ".join(f"{m} {t[m]['sentences_per_s']:,.0f} sentences/s" for m in ("greedy", "beam4"))
     print(f"decode, CTranslate2 {t['compute_type']} on {ct2['device']}: {modes}")
+PY
+  fi
+fi
+if [[ -n ${PARSE_RUN:-} ]] && want parse; then
+  timeout "${TIMEOUT:-300}" python3 benchmarks/parse.py --workdir "$PARSE_RUN" \
+    --checkpoint "${PARSE_CHECKPOINT:-auto}" --beam_sizes "${PARSE_BEAMS:-1,4}" \
+    --batch_tokens "${PARSE_BATCH_TOKENS:-8192}" --repeats "${PARSE_REPEATS:-3}" \
+    >"$logs/parse.out" 2>"$logs/parse.err"
+  if record parse $?; then
+    python3 - "$logs/parse.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+widths = sorted(int(k[4:]) for k in r if k.startswith("beam"))
+modes = ", ".join(
+    f"{'greedy' if b == 1 else f'beam {b}'} {r[f'beam{b}']['warm_sentences_per_s']:,.0f}"
+    f" sentences/s (F1 {r[f'beam{b}']['f1']})" for b in widths)
+print(f"parse: {modes} ({r['device']}, {r['sentences']} sentences, {r['batch_tokens']} source"
+      " tokens a batch)")
 PY
   fi
 fi

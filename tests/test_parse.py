@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -13,6 +14,7 @@ import pytest
 from configs import parsing_sample
 from transformer_jax import config as config_lib
 from transformer_jax import errors, parse
+from transformer_jax.data import pipeline
 from transformer_jax.tasks.parsing import evalb, scoring, trees
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -201,6 +203,30 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   assert scores[chosen]["valid_f1"] == max(r["valid_f1"] for r in tuned["sweep"])
   assert all(r["valid_repaired"] == 0 for r in tuned["sweep"] if r["tree_constraints"])
   assert "test_f1" in tuned and (workdir / "test_trees.tuned.mrg").is_file()
+
+  # The GPU script's parse row (benchmarks/parse.py, here on the CPU): the validation sentences
+  # parsed from their words at each width, with the F1 tune_decoding found for the same search.
+  bench = tmp_path / "bench"
+  env = {
+      **os.environ, "ROWS": "parse", "PARSE_RUN": str(workdir), "PARSE_BEAMS": "1,2",
+      "PARSE_REPEATS": "1",
+  }  # fmt: skip
+  done = subprocess.run(
+      ["bash", "benchmarks/accelerator.sh", str(bench)],
+      cwd=REPO, capture_output=True, text=True, timeout=900, env=env,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr[-3000:]
+  [row] = [json.loads(line) for line in (bench / "results.jsonl").read_text().splitlines()]
+  assert row["name"] == "parse" and row["rc"] == 0 and row["result"], done.stdout
+  result = row["result"]
+  valid = pipeline.load_dataset(config, str(workdir)).splits["eval"].pairs
+  assert result["sentences"] == len(valid) and result["tree_constraints"] is True
+  for beam in (1, 2):
+    timed = result[f"beam{beam}"]
+    assert timed["warm_sentences_per_s"] > 0 and timed["repaired"] == 0
+    assert timed["rows"] >= len(valid) and timed["steps"] > 0
+    assert timed["f1"] == round(scores[(True, beam, 0.3)]["valid_f1"], 2), (timed, scores)
+  assert done.stdout.startswith("parse: greedy "), done.stdout
 
   sentences = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
   proc = _parse(workdir, sentences)
