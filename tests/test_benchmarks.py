@@ -82,10 +82,11 @@ def test_spelling_flops_are_six_times_its_kernels_per_source_token():
 
   from transformer_jax.model.config import TransformerConfig
 
-  cfg = TransformerConfig(vocab_size=100, d_model=32, num_heads=4, num_layers=2, d_ff=64)
+  # d_model 48, not the characters' 32-wide embeddings (CHAR_DIM): the two cannot be confused.
+  cfg = TransformerConfig(vocab_size=100, d_model=48, num_heads=4, num_layers=2, d_ff=64)
   spelled = cfg.replace(source_chars=8)
   extra = throughput.model_flops_per_step(spelled, 4, 10, 12) - throughput.model_flops_per_step(
       cfg, 4, 10, 12
   )
-  kernels = 8 * 32 * 64 + 64 * 32  # wi [C*32, f] and wo [f, e]
+  kernels = 8 * 32 * 64 + 64 * 48  # wi [C*32, f] and wo [f, e]
   assert extra == 6 * 4 * 10 * kernels
