@@ -31,7 +31,8 @@ def _variants(name: str) -> list[str]:
   """The variants (`--config configs/NAME:VARIANT`) each config file accepts."""
   if name == "table3.py":
     return list(_config_module(name).PAPER)
-  return {"big.py": ["enfr"], "quickstart.py": ["smoke"]}.get(name, [])
+  variants = {"big.py": ["enfr"], "quickstart.py": ["smoke"], "parsing_sample.py": ["chart"]}
+  return variants.get(name, [])
 
 
 def test_every_config_file_is_covered():

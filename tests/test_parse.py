@@ -311,3 +311,30 @@ def test_one_output_for_every_word_trains_evaluates_and_parses(shared_data, tmp_
   lines = proc.stderr.decode().strip().splitlines()
   assert proc.returncode != 0 and len(lines) == 1, lines
   assert "parsing.word_output" in lines[0] and "tree_constraints=True" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_span_chart_trains_evaluates_and_parses(shared_data, tmp_path):
+  """configs/parsing_sample.py:chart made tiny: no decoder; the run evaluates with EVALB, its
+  parses read back with no repair, and the parse command and `Parser` give the same trees over
+  exactly the input's words, whatever beam they are asked for."""
+  import jax
+
+  from transformer_jax.tasks.parsing.parser import Parser
+  from transformer_jax.training import train
+
+  config = _tiny_sample_config(shared_data)
+  parsing_sample.chart(config)
+  config.eval.num_sentences = 8
+  workdir = tmp_path / "run"
+  results = train.run(config, str(workdir), devices=jax.devices()[:1])
+  assert results["test_repaired"] == 0 and 0.0 <= results["test_f1"] <= 100.0
+  assert results["eval_nll"] > 0.0
+  sentences = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
+  proc = _parse(workdir, sentences)
+  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+  lines = proc.stdout.decode().splitlines()
+  words = [scoring.sentence_words(line) for line in sentences.splitlines()]
+  assert [trees.parse_trees(line)[0].words() for line in lines] == words
+  parser = Parser.load(str(workdir))
+  assert parser.parse_strings(sentences.splitlines(), beam_size=4) == lines

@@ -108,6 +108,9 @@ def test_a_config_json_written_before_tasks_loads_into_the_sections(kind, tmp_pa
         "word_loss": "exact",
         "word_output": "vocabulary",  # a key added since: its default
         "tree_constraints": True,
+        "decoder": "sequence",  # keys added since: their defaults
+        "chart_hidden": 256,
+        "chart_loss": "spans",
     }
     assert config.model.d_model == 128 and config.data.packed_source_len == 96
   else:

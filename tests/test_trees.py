@@ -2,19 +2,9 @@
 repairs."""
 
 import pytest
+from testing import PTB
 
 from transformer_jax.tasks.parsing import trees
-
-PTB = """
-( (S
-    (NP-SBJ-1 (NNP Mr.) (NNP Vinken) )
-    (VP (VBZ is)
-      (VP (VBN expected)
-        (S (NP-SBJ (-NONE- *-1) )
-          (VP (TO to) (VP (VB retire) (PRT (RP early)))))))
-    (. .) ))
-( (FRAG (NP (NN Nothing)) (SBAR (-NONE- 0) (S (-NONE- *T*-2))) (. .)) )
-"""
 
 
 def test_reads_several_multi_line_trees_with_the_outer_bracket():

@@ -60,3 +60,17 @@ def tiny_overrides() -> dict:
       for key, value in tiny[section].items()
       if value is not None  # an unset optional field (a placeholder) stays unset
   }
+
+
+# Two Penn Treebank trees as the treebank writes them: an outer bracket, function tags, indices,
+# empty elements (tests of tasks/parsing).
+PTB = """
+( (S
+    (NP-SBJ-1 (NNP Mr.) (NNP Vinken) )
+    (VP (VBZ is)
+      (VP (VBN expected)
+        (S (NP-SBJ (-NONE- *-1) )
+          (VP (TO to) (VP (VB retire) (PRT (RP early)))))))
+    (. .) ))
+( (FRAG (NP (NN Nothing)) (SBAR (-NONE- 0) (S (-NONE- *T*-2))) (. .)) )
+"""

@@ -184,13 +184,16 @@ def model_config(
     vocab_size: int,
     output_tokens: int = 0,
     source_chars: int = 0,
+    chart: dict | None = None,
 ) -> TransformerConfig:
   """The model `config.model` describes, over a vocabulary of `vocab_size` pieces, scoring
-  `output_tokens` of them one by one (0: all) and reading `source_chars` characters of each
-  source token (0: none); both a task's choice, `run_model_config`."""
+  `output_tokens` of them one by one (0: all), reading `source_chars` characters of each
+  source token (0: none), and with `chart`'s span chart in the place of a decoder (None: none);
+  all a task's choice, `run_model_config`."""
   # Not config.model's: the vocabulary's size, the modes, and what a task chooses.
   fields = {f.name for f in dataclasses.fields(TransformerConfig)} - {
-      "vocab_size", "deterministic", "decode", "output_tokens", "source_chars"
+      "vocab_size", "deterministic", "decode", "output_tokens", "source_chars", "chart_labels",
+      "chart_tags", "chart_hidden", "chart_loss",
   }  # fmt: skip
   unknown = sorted(set(config.model) - fields)
   if unknown:
@@ -202,19 +205,21 @@ def model_config(
       vocab_size=vocab_size,
       output_tokens=output_tokens,
       source_chars=source_chars,
+      **(chart or {}),
       **config.model.to_dict(),
   )
 
 
 def run_model_config(config: ml_collections.ConfigDict, tokenizer) -> TransformerConfig:
   """The model of a run of `config` over `tokenizer`'s vocabulary, scoring the outputs and reading
-  the source features its task chooses (`Task.output_tokens`, `Task.source_chars`): what
-  training, averaging and the commands build."""
+  the source features its task chooses (`Task.output_tokens`, `Task.source_chars`,
+  `Task.chart_model`): what training, averaging and the commands build."""
   from transformer_jax import tasks  # tasks import this module
 
   task = tasks.get(config.task)
   output_tokens = task.output_tokens(config, tokenizer)
-  return model_config(config, tokenizer.vocab_size, output_tokens, task.source_chars(config))
+  chart = task.chart_model(config, tokenizer)
+  return model_config(config, tokenizer.vocab_size, output_tokens, task.source_chars(config), chart)
 
 
 # Keys of a parsing run that lived in the generic sections before the parsing task had its own

@@ -205,7 +205,10 @@ def predictor_identity(predictor: decode.Predictor) -> str | None:
   """What a Predictor's programs depend on besides their arguments and this package's code: the
   model config, the output limit and the constraint's tables (a dataclass of arrays and
   settings, as tasks' constraints are); None for another kind of constraint, which
-  cannot be keyed."""
+  cannot be keyed, and for what a task decodes with in the place of the search (a span chart's
+  parses: one jitted pass, kept by JAX's compilation cache alone)."""
+  if not isinstance(predictor, decode.Predictor):
+    return None
   constraint = predictor.constraint
   if constraint is None:
     described = "none"

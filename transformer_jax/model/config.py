@@ -75,6 +75,16 @@ class TransformerConfig:
   # and then C character ids of its spelling (CHAR_VOCAB), whose features are added to its
   # embedding (transformer.py SpellingFeatures).
   source_chars: int = 0
+  # 0 (the paper): the encoder's output feeds the decoder. L > 0 (a task's deviation, set by the
+  # task, never by hand: tasks/base.py Task.chart_model): no decoder; a span chart over the
+  # encoder's output scores each span's L labels and each token's `chart_tags` tags
+  # (transformer.py SpanChart; Kitaev & Klein 2018's chart parser).
+  chart_labels: int = 0
+  chart_tags: int = 0
+  chart_hidden: int = 256  # the span classifier's hidden units (SpanChart)
+  # What the chart's scores are: each span's label's log-probability ("spans") or a tree
+  # potential ("tree"); training/losses.py chart_cross_entropy.
+  chart_loss: str = "spans"
   positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
   norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in §3.1; "pre": pre-LN
   layer_norm_epsilon: float = 1e-6
@@ -120,6 +130,16 @@ class TransformerConfig:
             f"output_tokens={self.output_tokens} not in [0, vocab_size={self.vocab_size})",
         ),
         (self.source_chars >= 0, f"source_chars={self.source_chars} must be >= 0"),
+        (
+            (self.chart_labels == 0) == (self.chart_tags == 0) and self.chart_labels >= 0,
+            f"chart_labels={self.chart_labels} and chart_tags={self.chart_tags}: both 0 (a "
+            "decoder) or both positive (a span chart)",
+        ),
+        (self.chart_hidden > 0, f"chart_hidden={self.chart_hidden} must be positive"),
+        (
+            self.chart_loss in ("spans", "tree"),
+            f"chart_loss={self.chart_loss!r}; expected 'spans' or 'tree'",
+        ),
         (
             self.positional in ("sinusoidal", "learned"),
             f"positional={self.positional!r}; expected 'sinusoidal' or 'learned'",

@@ -121,13 +121,14 @@ class FeedForward(nn.Module):
     )  # [b, L, e]
 
 
-def _layer_norm(cfg: TransformerConfig, name: str) -> nn.LayerNorm:
+def _layer_norm(cfg: TransformerConfig, name: str, axis: str = sharding.EMBED) -> nn.LayerNorm:
+  """LayerNorm over a last axis of logical name `axis` (d_model by default)."""
   return nn.LayerNorm(
       epsilon=cfg.layer_norm_epsilon,
       dtype=cfg.dtype,
       param_dtype=cfg.param_dtype,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (sharding.EMBED,)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis,)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis,)),
       name=name,
   )
 
@@ -254,6 +255,49 @@ class SpellingFeatures(nn.Module):
     x = jnp.where((chars != 0)[..., None], x, 0)  # no character: nothing
     x = x.reshape(chars.shape[:-1] + (chars.shape[-1] * CHAR_DIM,))  # [b, s, C*c]
     return FeedForward(cfg, input_axis=None, name="ffn")(x)  # [b, s, e]
+
+
+class SpanChart(nn.Module):
+  """Span and tag scores over the encoder's output (`chart_labels`, `chart_tags`; a deviation:
+  §6.3's model writes the tree with its decoder). After the chart parsers of Stern et al. (2017)
+  and Kitaev & Klein (2018): a span's features are those of its first and last tokens, each
+  projected, summed, normalized and passed through a ReLU; a linear layer scores its labels. A
+  token's tags are scored from its own features alike.
+
+  x [b, s, e] -> (spans [b, s, s, L], tags [b, s, T]), float32: spans[:, i, j] scores the span
+  of tokens i..j (j >= i; the rest is never read)."""
+
+  config: TransformerConfig
+
+  def _dense(self, features: int, axes: tuple, bias: bool, name: str) -> nn.Dense:
+    cfg = self.config
+    return nn.Dense(
+        features,
+        use_bias=bias,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=nn.with_logical_partitioning(default_kernel_init, axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+        name=name,
+    )
+
+  def _hidden(self, h: jax.Array, name: str) -> jax.Array:
+    cfg = self.config
+    h = nn.relu(_layer_norm(cfg, name, sharding.MLP)(h))
+    return nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(h)
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    cfg = self.config
+    hidden = (sharding.EMBED, sharding.MLP)
+    first = self._dense(cfg.chart_hidden, hidden, True, "span_first")(x)  # [b, s, h]
+    last = self._dense(cfg.chart_hidden, hidden, False, "span_last")(x)  # [b, s, h]
+    h = self._hidden(first[:, :, None, :] + last[:, None, :, :], "span_norm")  # [b, i, j, h]
+    spans = self._dense(cfg.chart_labels, (sharding.MLP, None), True, "span_labels")(h)
+    t = self._dense(cfg.chart_hidden, hidden, True, "tag_hidden")(x)  # [b, s, h]
+    t = self._hidden(t, "tag_norm")
+    tags = self._dense(cfg.chart_tags, (sharding.MLP, None), True, "tag_labels")(t)  # [b, s, T]
+    return spans.astype(jnp.float32), tags.astype(jnp.float32)
 
 
 @jax.custom_vjp
@@ -486,6 +530,11 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
+    if cfg.chart_labels:  # an encoder and a span chart, no decoder (SpanChart)
+      self.source_embedding = Embed(cfg)
+      self.encoder = Encoder(cfg, embed=self.source_embedding)
+      self.chart = SpanChart(cfg)
+      return
     if cfg.share_embeddings:
       # §3.4: the same weight matrix for both embedding layers and the pre-softmax projection.
       self.shared_embedding = Embed(cfg)
@@ -565,8 +614,11 @@ class Transformer(nn.Module):
       inputs_segmentation=None,
       targets_segmentation=None,
   ) -> jax.Array:
-    """inputs [b, s], decoder_inputs [b, t] (BOS + target, shifted right) -> logits [b, t, v]."""
+    """inputs [b, s], decoder_inputs [b, t] (BOS + target, shifted right) -> logits [b, t, v];
+    with `chart_labels`, SpanChart's (spans [b, s, s, L], tags [b, s, T]) and no decoder."""
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
+    if self.config.chart_labels:
+      return self.chart(encoded)
     return self.decode(
         encoded,
         inputs,

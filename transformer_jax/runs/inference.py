@@ -208,8 +208,10 @@ class LoadedRun:
     config = ml_collections.ConfigDict(self.config.to_dict())
     set_values(config, overrides)
     config_lib.validate(config)
-    constraint = tasks.get(config.task).constraint(config, self.tokenizer)
-    predictor = eval_predictor(config, self.model_config, constraint)
+    task = tasks.get(config.task)
+    predictor = task.predictor(config, self.model_config, self.tokenizer) or eval_predictor(
+        config, self.model_config, task.constraint(config, self.tokenizer)
+    )
     return dataclasses.replace(self, config=config, predictor=predictor)
 
   def encode_lines(self, lines: Sequence[str]) -> list[list[int] | None]:
@@ -398,8 +400,9 @@ def load_run(
   else:
     params = restore_params(workdir, step, abstract)
     label = f"step {step}"
-  predictor = eval_predictor(
-      config, model_config, tasks.get(config.task).constraint(config, tokenizer)
+  task = tasks.get(config.task)
+  predictor = task.predictor(config, model_config, tokenizer) or eval_predictor(
+      config, model_config, task.constraint(config, tokenizer)
   )
   return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)
 

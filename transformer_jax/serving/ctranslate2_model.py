@@ -90,6 +90,12 @@ def import_ctranslate2():
 
 def unsupported_reason(model_config) -> str | None:
   """Why CTranslate2 cannot express this model exactly (None: it can)."""
+  if model_config.chart_labels:
+    return (
+        "the model has no decoder but a span chart over its encoder (a task's chart_model, e.g. "
+        "parsing.decoder='chart'): CTranslate2 runs encoder-decoder searches only, so this model "
+        "cannot be exported to it"
+    )
   if model_config.output_tokens:
     return (
         f"the model scores {model_config.output_tokens} ids one by one and the rest as one "

@@ -72,6 +72,20 @@ class Task:
     sources are then [n, 1 + C] arrays); 0: a token is its id, the paper's."""
     return 0
 
+  def chart_model(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> dict:
+    """{"chart_labels": L, "chart_tags": T, "chart_hidden": H}: the model has no decoder but a
+    span chart over its encoder (a deviation: model/config.py `chart_labels`; its targets are
+    training/losses.py's chart targets, its search the task's `predictor`); {}: the paper's
+    encoder-decoder."""
+    return {}
+
+  def predictor(
+      self, config: ml_collections.ConfigDict, model_config: Any, tokenizer: Tokenizer
+  ) -> Any:
+    """What decodes the run's sources in the place of the beam search (an object with
+    decoding.decode.Predictor's `search`, `searches` and `programs`), or None: the search."""
+    return None
+
   def constraint(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Any:
     """The search's constraint (decoding.decode.Predictor's `constraint`), or None. One whose
     answer renormalizes (the same for any per-row shift) may say `takes_logits = True`."""

@@ -68,7 +68,16 @@ def loss_and_metrics(
     params, batch, *, model: Transformer, label_smoothing: float, rngs=None, interchangeable=None
 ):  # fmt: skip
   """Summed label-smoothed loss over non-pad target tokens, plus metric sums. `interchangeable`
-  [v] bool: tokens scored as one class (a task's loss variant, training/losses.py)."""
+  [v] bool: tokens scored as one class (a task's loss variant, training/losses.py). A span
+  chart's loss (`chart_labels`) is its labels' and tags' cross entropy, unsmoothed, over the
+  source tokens; its accuracy the tags'."""
+  if model.config.chart_labels:  # a span chart (model/transformer.py SpanChart)
+    spans, tags = model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs)
+    nll_sum, correct, weight_sum = losses.chart_cross_entropy(
+        spans, tags, batch["targets"], model.config.chart_loss
+    )
+    metrics = {"loss_sum": nll_sum, "nll_sum": nll_sum, "correct_sum": correct}
+    return nll_sum, {**metrics, "weight_sum": weight_sum}
   logits = model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs)  # [b, t, v]
   targets = batch["targets"]
   weights = (targets != PAD_ID).astype(jnp.float32)  # [b, t]
@@ -190,9 +199,11 @@ class Trainer:
       constraint: Any = None,
       batch_transform: Callable[[dict, jax.Array], dict] | None = None,
       interchangeable: np.ndarray | None = None,
+      predictor: Any = None,
   ):
-    """`constraint`: the searches'; `batch_transform`, `interchangeable`: `train_step`'s. The
-    run's task supplies all three (tasks/base.py); by default none."""
+    """`constraint`: the searches'; `batch_transform`, `interchangeable`: `train_step`'s;
+    `predictor`: what decodes in the place of the search (a span chart's parses). The run's task
+    supplies all four (tasks/base.py); by default none."""
     self.config = config
     self.model_config = model_config
     self.mesh = sharding.make_mesh(config.mesh, devices)
@@ -247,7 +258,7 @@ class Trainer:
         in_shardings=(self.state_shardings.params, self.batch_sharding),
         out_shardings=self.replicated,
     )
-    self.predictor = inference.eval_predictor(config, model_config, constraint)
+    self.predictor = predictor or inference.eval_predictor(config, model_config, constraint)
 
   @property
   def num_batch_shards(self) -> int:
@@ -616,6 +627,7 @@ def _open_session(config: ml_collections.ConfigDict, workdir: str, devices) -> _
       task.constraint(config, tokenizer),
       task.batch_transform(config, tokenizer),
       task.interchangeable_tokens(config, tokenizer),
+      task.predictor(config, model_config, tokenizer),
   )
   train_iter = train_batches(config, dataset, trainer)
   logging.info(

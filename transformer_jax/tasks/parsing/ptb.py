@@ -38,6 +38,11 @@ with its first and last K characters (`spelling`, `encode_source`), which the en
 adds to the word's embedding (model/transformer.py SpellingFeatures): a word read as its class
 (unknown, or dropped) still shows its letters, as the character features of other parsers do.
 Targets stay ids.
+
+A span chart (`config.parsing.decoder="chart"`, a deviation, off by default) has no decoder: its
+targets are each word's row of the tree's chart (chart.targets: the word's tag, the label of its
+one-word span and the node its right edge splits), and its vocabulary also holds the unary
+chains' labels (`(S+VP`), the classes it scores with the tree tokens (chart.classes).
 """
 
 from __future__ import annotations
@@ -235,10 +240,21 @@ def word_class_table(tokenizer: WordTokenizer, suffix_letters: int = 2) -> np.nd
 
 
 def build_vocabulary(
-    train: Sequence[trees.Tree], closing: str, vocab_size: int, suffix_letters: int = 2
+    train: Sequence[trees.Tree],
+    closing: str,
+    vocab_size: int,
+    suffix_letters: int = 2,
+    chains: bool = False,
 ) -> WordTokenizer:
-  """Reserved ids, tree tokens, unknown-word classes, then frequent words (module docstring)."""
-  tree_tokens = sorted(set(trees.iter_tree_tokens(train, closing)))
+  """Reserved ids, tree tokens, unknown-word classes, then frequent words (module docstring).
+  `chains`: the tree tokens include the unary chains' openings (chart.chain_tokens), the labels
+  a span chart predicts (`config.parsing.decoder="chart"`)."""
+  tree_tokens = set(trees.iter_tree_tokens(train, closing))
+  if chains:
+    from transformer_jax.tasks.parsing import chart
+
+    tree_tokens.update(chart.chain_tokens(train))
+  tree_tokens = sorted(tree_tokens)
   counts = collections.Counter(word for tree in train for word in tree.words())
   frequent = sorted(
       (w for w, c in counts.items() if c >= MIN_WORD_COUNT and w not in RESERVED_TOKENS),
@@ -276,33 +292,44 @@ def load_splits(
     loaded[key] = tree_list
   linearization = trees.Linearization.from_config(config.parsing)
   letters = config.parsing.suffix_letters
+  chart_targets = config.parsing.decoder == "chart"
   if vocab_path and os.path.exists(vocab_path):
     tokenizer = WordTokenizer.load(vocab_path)
     logging.info("data: reusing the vocabulary in %s", vocab_path)
   else:
-    tokenizer = build_vocabulary(loaded["train"], linearization.closing, d.vocab_size, letters)
+    tokenizer = build_vocabulary(
+        loaded["train"], linearization.closing, d.vocab_size, letters, chains=chart_targets
+    )
     if vocab_path and distributed.is_chief():
       files_lib.atomic_write(vocab_path, tokenizer.save)
   known = set(tokenizer.words)
+  if chart_targets:
+    from transformer_jax.tasks.parsing import chart
+
+    labels, tags = chart.classes(tokenizer.words)
+    label_index = {label: i for i, label in enumerate(labels)}
+    tag_index = {tag: i for i, tag in enumerate(tags)}
   out = {}
   for key in splits:
     pairs = [(" ".join(tree.words()), " ".join(linearization.tokens(tree))) for tree in loaded[key]]
-    # A target's words (parsing.tree_words) are read as the source's are; tree tokens as they are.
-    examples = [
-        (
-            encode_source(tokenizer, known, s.split(), letters, config.parsing.word_chars),
-            encode_words(tokenizer, known, t.split(), letters),
-        )
-        for s, t in pairs
+    sources = [
+        encode_source(tokenizer, known, s.split(), letters, config.parsing.word_chars)
+        for s, _ in pairs
     ]
-    out[key] = (pairs, examples)
+    if chart_targets:  # each word's row of the chart's targets (chart.targets)
+      targets = [chart.targets(tree, label_index, tag_index) for tree in loaded[key]]
+    else:  # a target's words (parsing.tree_words) are read as the source's; tree tokens as they are
+      targets = [encode_words(tokenizer, known, t.split(), letters) for _, t in pairs]
+    out[key] = (pairs, list(zip(sources, targets)))
   return tokenizer, out
 
 
-_WORD_KEYS = ("inputs", "decoder_inputs", "targets")  # the token ids of a batch
+WORD_KEYS = ("inputs", "decoder_inputs", "targets")  # the token ids of a batch
 
 
-def drop_words(batch: dict, rng: jax.Array, rate: float, classes) -> dict:
+def drop_words(
+    batch: dict, rng: jax.Array, rate: float, classes, keys: Sequence[str] = WORD_KEYS
+) -> dict:
   """Word dropout (`config.parsing.word_dropout`): each vocabulary word is read,
   everywhere in this batch, as its class `classes[id]` with probability `rate`. By word rather
   than by occurrence, so that a target's copy of a word stays the source's."""
@@ -313,4 +340,4 @@ def drop_words(batch: dict, rng: jax.Array, rate: float, classes) -> dict:
   def drop(ids):  # [b, L], or [b, L, 1 + C] inputs whose spellings stay (parsing.word_chars)
     return table[ids] if ids.ndim == 2 else ids.at[..., 0].set(table[ids[..., 0]])
 
-  return {k: drop(v) if k in _WORD_KEYS else v for k, v in batch.items()}
+  return {k: drop(v) if k in keys else v for k, v in batch.items()}

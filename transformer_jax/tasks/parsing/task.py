@@ -18,6 +18,11 @@ deviations from §6.3 among them are off by default:
                     tree_words and tree_constraints, which write the input's word; model/config.py)
   tree_constraints  decode only well-formed trees over the input's words (a deviation;
                     tree_constraint.py)
+  decoder           "sequence" (§6.3: the decoder writes the linearized tree) or "chart" (a
+                    deviation: no decoder; a span chart over the encoder scores every span's
+                    label and every word's tag, and CKY finds the best tree; chart.py)
+  chart_hidden      the span chart's hidden units (with decoder="chart")
+  chart_loss        "spans" (each span's label alone) or "tree" (a TreeCRF) (with "chart")
 """
 
 from __future__ import annotations
@@ -36,7 +41,14 @@ class ParsingTask(base.Task):
   command = "parse"
   sources = ("ptb",)
   metric = "f1"
-  model_keys = ("word_output", "suffix_letters", "word_chars")
+  model_keys = (
+      "word_output",
+      "suffix_letters",
+      "word_chars",
+      "decoder",
+      "chart_hidden",
+      "chart_loss",
+  )
 
   def config_section(self):
     s = ml_collections.ConfigDict()
@@ -75,6 +87,16 @@ class ParsingTask(base.Task):
     # The search writes only well-formed trees over the input's words (tree_constraint.py). Not
     # in the paper (§6.3 decodes freely): off by default.
     s.tree_constraints = False
+    # "sequence" (§6.3): the decoder writes the linearized tree. "chart" (a deviation, off by
+    # default): the encoder's output scores each span's label and each word's tag, trained with
+    # each span's and tag's cross entropy, and the best tree is found by CKY (Stern et al. 2017,
+    # Kitaev & Klein 2018; chart.py, model/transformer.py SpanChart). The search's settings
+    # (beam, α, tree_constraints) have no meaning there: every output is a tree over the words.
+    s.decoder = "sequence"
+    s.chart_hidden = 256  # the span chart's hidden units (Kitaev & Klein 2018 use 250)
+    # "spans": each span's label by its own cross entropy (Teng & Zhang 2018's local model);
+    # "tree": the gold tree's, normalized over all trees (a TreeCRF; training/losses.py).
+    s.chart_loss = "spans"
     return s
 
   def validate(self, config, check):
@@ -127,6 +149,23 @@ class ParsingTask(base.Task):
         "word_loss 'exact'",
     )
 
+    check(p.decoder in ("sequence", "chart"), "parsing.decoder", "expected 'sequence' or 'chart'")
+    check(p.chart_hidden >= 1, "parsing.chart_hidden", "must be >= 1")
+    check(p.chart_loss in ("spans", "tree"), "parsing.chart_loss", "expected 'spans' or 'tree'")
+    if p.decoder == "chart":
+      check(
+          not config.data.packing,
+          "data.packing",
+          "a span chart scores the spans of one sentence per row: set data.packing=False with "
+          "parsing.decoder='chart'",
+      )
+      check(
+          p.word_output == "vocabulary" and p.word_loss == "exact",
+          "parsing.decoder",
+          "'chart' has no decoder to write words: leave parsing.word_output 'vocabulary' and "
+          "parsing.word_loss 'exact'",
+      )
+
   def load_dataset(self, config, workdir, splits):
     from transformer_jax.data import pipeline
     from transformer_jax.tasks.parsing import ptb
@@ -144,7 +183,11 @@ class ParsingTask(base.Task):
 
     # [v] int32, a constant of the compiled step
     table = ptb.word_class_table(tokenizer, config.parsing.suffix_letters)
-    return functools.partial(ptb.drop_words, rate=config.parsing.word_dropout, classes=table)
+    # A chart's targets are classes, not words: only its inputs are dropped.
+    keys = ("inputs",) if config.parsing.decoder == "chart" else ptb.WORD_KEYS
+    return functools.partial(
+        ptb.drop_words, rate=config.parsing.word_dropout, classes=table, keys=keys
+    )
 
   def interchangeable_tokens(self, config, tokenizer):
     if config.parsing.word_loss != "any" and config.parsing.word_output != "one":
@@ -163,7 +206,32 @@ class ParsingTask(base.Task):
   def source_chars(self, config):
     return 2 * config.parsing.word_chars  # the first and the last word_chars (ptb.spelling)
 
+  def chart_model(self, config, tokenizer):
+    if config.parsing.decoder != "chart":
+      return {}
+    from transformer_jax.tasks.parsing import chart
+
+    labels, tags = chart.classes(tokenizer.words)
+    hidden = config.parsing.chart_hidden
+    return {
+        "chart_labels": len(labels),
+        "chart_tags": len(tags),
+        "chart_hidden": hidden,
+        "chart_loss": config.parsing.chart_loss,
+    }
+
+  def predictor(self, config, model_config, tokenizer):
+    if config.parsing.decoder != "chart":
+      return None
+    from transformer_jax.tasks.parsing import chart, trees
+
+    return chart.ChartSearch(
+        model_config, tokenizer, trees.Linearization.from_config(config.parsing)
+    )
+
   def constraint(self, config, tokenizer):
+    if config.parsing.decoder == "chart":  # no search to constrain (chart.ChartSearch)
+      return None
     from transformer_jax.tasks.parsing import tree_constraint
 
     return tree_constraint.from_config(config, tokenizer)
