@@ -88,10 +88,10 @@ class ParsingTask(base.Task):
     # in the paper (§6.3 decodes freely): off by default.
     s.tree_constraints = False
     # "sequence" (§6.3): the decoder writes the linearized tree. "chart" (a deviation, off by
-    # default): the encoder's output scores each span's label and each word's tag, trained with
-    # each span's and tag's cross entropy, and the best tree is found by CKY (Stern et al. 2017,
-    # Kitaev & Klein 2018; chart.py, model/transformer.py SpanChart). The search's settings
-    # (beam, α, tree_constraints) have no meaning there: every output is a tree over the words.
+    # default): the encoder's output scores each span's label and each word's tag, trained by
+    # `chart_loss`, and the best tree is found by CKY (Stern et al. 2017, Kitaev & Klein 2018;
+    # chart.py, model/transformer.py SpanChart). The search's settings (beam, α,
+    # tree_constraints) have no meaning there: every output is a tree over the words.
     s.decoder = "sequence"
     s.chart_hidden = 256  # the span chart's hidden units (Kitaev & Klein 2018 use 250)
     # "spans": each span's label by its own cross entropy (Teng & Zhang 2018's local model);
