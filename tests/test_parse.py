@@ -287,27 +287,38 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
     loaded.parse(["Fine.", "   "])
 
 
+TWO_SENTENCES = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
+
+
+def _train_and_parse(config, workdir) -> list[str]:
+  """Trains `config` into `workdir` (results.json: no repaired tree, an F1, a validation loss),
+  parses TWO_SENTENCES with the parse command and returns its lines, each a tree over exactly
+  its sentence's words."""
+  import jax
+
+  from transformer_jax.training import train
+
+  results = train.run(config, str(workdir), devices=jax.devices()[:1])
+  assert results["test_repaired"] == 0 and 0.0 <= results["test_f1"] <= 100.0
+  assert results["eval_nll"] > 0.0
+  proc = _parse(workdir, TWO_SENTENCES)
+  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+  lines = proc.stdout.decode().splitlines()
+  words = [scoring.sentence_words(line) for line in TWO_SENTENCES.splitlines()]
+  assert [trees.parse_trees(line)[0].words() for line in lines] == words
+  return lines
+
+
 @pytest.mark.slow
 def test_one_output_for_every_word_trains_evaluates_and_parses(shared_data, tmp_path):
   """parsing.word_output="one": the output layer scores the tree tokens and one output for the
   words; a tiny run trains, evaluates and parses over exactly the input's words, and the parse
   command refuses to decode it without the constraint, in one line."""
-  import jax
-
-  from transformer_jax.training import train
-
   config = _tiny_sample_config(shared_data)
   config.parsing.word_output = "one"
   workdir = tmp_path / "run"
-  results = train.run(config, str(workdir), devices=jax.devices()[:1])
-  assert results["test_repaired"] == 0 and 0.0 <= results["test_f1"] <= 100.0
-  assert results["eval_nll"] > 0.0
-  sentences = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
-  proc = _parse(workdir, sentences)
-  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-  words = [scoring.sentence_words(line) for line in sentences.splitlines()]
-  assert [trees.parse_trees(line)[0].words() for line in proc.stdout.decode().splitlines()] == words
-  proc = _parse(workdir, sentences, "--notree_constraints")
+  _train_and_parse(config, workdir)
+  proc = _parse(workdir, TWO_SENTENCES, "--notree_constraints")
   lines = proc.stderr.decode().strip().splitlines()
   assert proc.returncode != 0 and len(lines) == 1, lines
   assert "parsing.word_output" in lines[0] and "tree_constraints=True" in lines[0]
@@ -318,23 +329,12 @@ def test_a_span_chart_trains_evaluates_and_parses(shared_data, tmp_path):
   """configs/parsing_sample.py:chart made tiny: no decoder; the run evaluates with EVALB, its
   parses read back with no repair, and the parse command and `Parser` give the same trees over
   exactly the input's words, whatever beam they are asked for."""
-  import jax
-
   from transformer_jax.tasks.parsing.parser import Parser
-  from transformer_jax.training import train
 
   config = _tiny_sample_config(shared_data)
   parsing_sample.chart(config)
   config.eval.num_sentences = 8
   workdir = tmp_path / "run"
-  results = train.run(config, str(workdir), devices=jax.devices()[:1])
-  assert results["test_repaired"] == 0 and 0.0 <= results["test_f1"] <= 100.0
-  assert results["eval_nll"] > 0.0
-  sentences = "Pierre Vinken will join the board .\nProfits rose ( sharply ) .\n"
-  proc = _parse(workdir, sentences)
-  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-  lines = proc.stdout.decode().splitlines()
-  words = [scoring.sentence_words(line) for line in sentences.splitlines()]
-  assert [trees.parse_trees(line)[0].words() for line in lines] == words
+  lines = _train_and_parse(config, workdir)
   parser = Parser.load(str(workdir))
-  assert parser.parse_strings(sentences.splitlines(), beam_size=4) == lines
+  assert parser.parse_strings(TWO_SENTENCES.splitlines(), beam_size=4) == lines
