@@ -80,7 +80,7 @@ def test_cky_finds_the_best_of_every_binary_bracketing(n):
   rng = np.random.default_rng(n)
   for _ in range(5):
     scores = rng.normal(size=(n + 1, n + 1))
-    found, _ = chart.cky(scores, n)
+    found = chart.cky(scores, n)
     assert len(found) == 2 * n - 1 and len(set(found)) == len(found)
     best = max(sum(scores[s] for s in b) for b in binary_bracketings(0, n))
     assert sum(scores[s] for s in found) == pytest.approx(best)

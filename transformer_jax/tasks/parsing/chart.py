@@ -76,12 +76,11 @@ def chart(tree: trees.Tree, label_index: dict[str, int], unknown: int = 0) -> np
   return out
 
 
-def cky(scores: np.ndarray, n: int) -> tuple[list[tuple[int, int]], np.ndarray]:
+def cky(scores: np.ndarray, n: int) -> list[tuple[int, int]]:
   """The best binary bracketing of n words under `scores`.
 
   scores [>= n + 1, >= n + 1]: span (i, j)'s score (its best label's). Returns the bracketing's
-  spans (i, j), outer first, left to right (2n - 1 of them, the n one-word spans among them),
-  and the [n + 1, n + 1] best split points (j - i >= 2)."""
+  spans (i, j), outer first, left to right (2n - 1 of them, the n one-word spans among them)."""
   best = np.zeros((n + 1, n + 1), np.float64)  # best[i, j]: the best subtree over i..j-1
   split = np.zeros((n + 1, n + 1), np.int32)
   idx = np.arange(n)
@@ -102,7 +101,7 @@ def cky(scores: np.ndarray, n: int) -> tuple[list[tuple[int, int]], np.ndarray]:
       k = split[i, j]
       stack.append((k, j))
       stack.append((i, k))
-  return out, split
+  return out
 
 
 def build(
@@ -156,7 +155,7 @@ def decode(
   """A sentence's tree from the model's outputs: label_scores [>= n+1, >= n+1] (each span's best
   label's score), best_labels (that label's index in `labels`) and each word's tag."""
   n = len(words)
-  bracketing, _ = cky(label_scores, n)
+  bracketing = cky(label_scores, n)
   labeled = [(i, j, labels[best_labels[i, j]]) for i, j in bracketing]
   return build(words, tags, labeled)
 
@@ -193,7 +192,7 @@ def targets(tree: trees.Tree, label_index: dict[str, int], tag_index: dict[str, 
   out = np.zeros((len(tagged), CHART_COLUMNS), np.int32)
   out[:, 0] = [tag_index.get(tag, 0) + CHART_TAG_OFFSET for _, tag in tagged]
 
-  def split(label: int, children: list, start: int, chain: list[str]) -> int:
+  def split(label: int, children: list, start: int) -> int:
     """The binary nodes of a node over `children` from word `start`; returns its end."""
     ends = []
     end = start
@@ -213,9 +212,9 @@ def targets(tree: trees.Tree, label_index: dict[str, int], tag_index: dict[str, 
     if len(node.children) == 1:
       return visit(node.children[0], start, [*chain, node.label])
     label = label_index.get(CHAIN.join([*chain, node.label]), 0)
-    return split(label, node.children, start, chain)
+    return split(label, node.children, start)
 
-  split(0, tree.children, 0, [])  # TOP is not a span: its node has no label
+  split(0, tree.children, 0)  # TOP is not a span: its node has no label
   return out
 
 

@@ -212,11 +212,10 @@ class ParsingTask(base.Task):
     from transformer_jax.tasks.parsing import chart
 
     labels, tags = chart.classes(tokenizer.words)
-    hidden = config.parsing.chart_hidden
     return {
         "chart_labels": len(labels),
         "chart_tags": len(tags),
-        "chart_hidden": hidden,
+        "chart_hidden": config.parsing.chart_hidden,
         "chart_loss": config.parsing.chart_loss,
     }
 
