@@ -99,7 +99,9 @@ def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> f
   from transformer_jax.model.config import CHAR_DIM
 
   # A source token's spelling (`source_chars` C, CHAR_DIM-wide character embeddings): its FFN.
-  spelling = B * S * (cfg.source_chars * CHAR_DIM * f + f * e) if cfg.source_chars else 0
+  # Affixes (`source_affixes`) are summed embeddings: no multiply-adds.
+  chars = cfg.source_chars if not cfg.source_affixes else 0
+  spelling = B * S * (chars * CHAR_DIM * f + f * e) if chars else 0
   forward = 2 * (encoder + decoder + output + spelling)  # 2 FLOPs per multiply-add
   return 3.0 * forward  # backward = 2 x forward
 

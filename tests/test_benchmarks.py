@@ -90,3 +90,7 @@ def test_spelling_flops_are_six_times_its_kernels_per_source_token():
   )
   kernels = 8 * 32 * 64 + 64 * 48  # wi [C*32, f] and wo [f, e]
   assert extra == 6 * 4 * 10 * kernels
+  # Affixes are a sum of embeddings: no multiply-add beyond the model without them.
+  affixed = cfg.replace(source_chars=8, source_affixes=True)
+  flops = throughput.model_flops_per_step
+  assert flops(affixed, 4, 10, 12) == flops(cfg, 4, 10, 12)

@@ -12,8 +12,8 @@ import pytest
 from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.transformer import Embed, SpellingFeatures, Transformer
+from transformer_jax.model.config import AFFIX_BUCKETS, TransformerConfig
+from transformer_jax.model.transformer import AffixFeatures, Embed, SpellingFeatures, Transformer
 
 CONFIG = TransformerConfig(
     vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32, deterministic=True
@@ -261,6 +261,23 @@ def test_output_tokens_score_the_first_ids_and_one_output_for_the_rest(
     CONFIG.replace(output_tokens=40)
 
 
+def assert_source_features_count(config, params, features, other):
+  """A model reading `features` [b, s, C] beside each token's id (source_chars): padding (no id,
+  no features) changes nothing; `other` features for one token, with the same id, change its
+  sentence's logits and not the other sentence's."""
+  inputs, decoder_inputs = example()
+  features = np.where(inputs[..., None] == PAD_ID, 0, features)
+  full = np.concatenate([inputs[..., None], features], axis=-1).astype(np.int32)  # [b, s, 1 + C]
+  logits = logits_of(config, params, full, decoder_inputs)
+  padded = np.pad(full, ((0, 0), (0, 3), (0, 0)))  # [b, s + 3, 1 + C]: PAD, no features
+  np.testing.assert_allclose(logits_of(config, params, padded, decoder_inputs), logits, atol=1e-5)
+  changed_input = full.copy()
+  changed_input[0, 2, 1:] = other(changed_input[0, 2, 1:])
+  changed = logits_of(config, params, changed_input, decoder_inputs)
+  assert not np.allclose(changed[0], logits[0], atol=1e-3)
+  np.testing.assert_allclose(changed[1], logits[1], atol=1e-5)  # the other sentence
+
+
 def test_spelling_features_are_the_formula_and_count_in_the_encoding():
   """source_chars C: inputs [b, s, 1 + C]; a token's spelling features are
   relu(concat_i E[c_i] [c_i != 0]) W1 + b1) W2 + b2 (SpellingFeatures), added to its embedding; a
@@ -282,19 +299,32 @@ def test_spelling_features_are_the_formula_and_count_in_the_encoding():
   expected = h @ ffn["wo"]["kernel"] + ffn["wo"]["bias"]
   np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-5)
 
-  inputs, decoder_inputs = example()
-  chars[inputs == PAD_ID] = 0
-  full = np.concatenate([inputs[..., None], chars], axis=-1)  # [b, s, 5]
-  logits = logits_of(config, params, full, decoder_inputs)
-  padded = np.pad(full, ((0, 0), (0, 3), (0, 0)))  # [b, s + 3, 5]: PAD, no characters
-  np.testing.assert_allclose(logits_of(config, params, padded, decoder_inputs), logits, atol=1e-5)
-  respelled = full.copy()
-  respelled[0, 2, 1:] = (respelled[0, 2, 1:] % 250) + 3  # other letters, the same id
-  changed = logits_of(config, params, respelled, decoder_inputs)
-  assert not np.allclose(changed[0], logits[0], atol=1e-3)
-  np.testing.assert_allclose(changed[1], logits[1], atol=1e-5)  # the other sentence
+  assert_source_features_count(config, params, chars, lambda c: c % 250 + 3)  # other letters
   with pytest.raises(ValueError, match="source_chars"):
     CONFIG.replace(source_chars=-1)
+
+
+def test_affix_features_are_a_sum_of_embeddings_and_count_in_the_encoding():
+  """source_affixes with source_chars C: inputs [b, s, 1 + C] of ids and hashed affixes; a token's
+  features are sum_i A[a_i] [a_i != 0] (AffixFeatures), added to its embedding: no character
+  network; a token's affixes change the output, padding does not."""
+  config = CONFIG.replace(source_chars=4, source_affixes=True)
+  params = random_params(config)
+  assert "spelling" not in params["encoder"]
+  table = np.asarray(params["encoder"]["affixes"]["affix_embedding"])
+  assert table.shape == (AFFIX_BUCKETS, config.d_model)
+
+  rng = np.random.default_rng(4)
+  affixes = rng.integers(0, AFFIX_BUCKETS, size=(BATCH, SOURCE_LEN, 4)).astype(np.int32)
+  affixes[0, 0] = 0  # a token with no affix: nothing added
+  features = AffixFeatures(config).apply({"params": {"affix_embedding": table}}, affixes)
+  expected = np.where((affixes != 0)[..., None], table[affixes], 0).sum(axis=-2)
+  np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(features[0, 0], 0)
+
+  assert_source_features_count(config, params, affixes, lambda a: a % 16000 + 7)  # other affixes
+  with pytest.raises(ValueError, match="source_affixes"):
+    CONFIG.replace(source_affixes=True)
 
 
 def test_embedding_is_scaled_by_sqrt_d_model():

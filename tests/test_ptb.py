@@ -251,6 +251,52 @@ def test_a_source_word_comes_with_its_first_and_last_letters():
   assert config_lib.run_model_config(config, tokenizer).source_chars == 8
 
 
+def test_a_source_word_comes_with_its_affixes():
+  """parsing.word_affixes K: each source word's id, then its proper beginnings and endings of
+  1..K letters, lowercased, each 1 + CRC-32("<" or ">" + affix) mod (AFFIX_BUCKETS - 1); 0 where
+  the word is not longer than the affix (the whole word is never an affix)."""
+  import zlib
+
+  from transformer_jax.model.config import AFFIX_BUCKETS
+
+  code = lambda key: 1 + zlib.crc32(key.encode()) % (AFFIX_BUCKETS - 1)  # noqa: E731
+  assert ptb.affixes("Fizzled", 2) == [code("<f"), code("<fi"), code(">d"), code(">ed")]
+  assert ptb.affixes("fizzled", 2) == ptb.affixes("FIZZLED", 2)  # lowercased
+  assert ptb.affixes("ox", 3) == [code("<o"), 0, 0, code(">x"), 0, 0]
+  assert ptb.affixes("a", 2) == [0, 0, 0, 0]
+  # A beginning and an ending of the same letters are two features.
+  assert ptb.affixes("ete", 1) == [code("<e"), code(">e")] and code("<e") != code(">e")
+  # Words that share an ending share its id (what a rare word borrows from the others).
+  assert ptb.affixes("fizzled", 3)[3:] == ptb.affixes("sizzled", 3)[3:]
+  assert all(0 < i < AFFIX_BUCKETS for i in ptb.affixes("extraordinary", 8))
+
+  train = [trees.preprocess(t) for t in trees.parse_trees(THREE_TREES)]
+  tokenizer = ptb.build_vocabulary(train, "labeled", vocab_size=64)
+  known = set(tokenizer.words)
+  words = ["Smith", "fizzled", "."]
+  ids = ptb.encode_words(tokenizer, known, words)
+  source = ptb.encode_source(tokenizer, known, words, word_affixes=3)
+  assert source.shape == (3, 7) and source.dtype == np.int32
+  np.testing.assert_array_equal(source[:, 0], ids)
+  assert [list(row[1:]) for row in source] == [ptb.affixes(w, 3) for w in words]
+  assert ptb.encode_source(tokenizer, known, [], word_affixes=3).shape == (0, 7)
+
+  config = parsing_sample.get_config("chart")
+  for bad in (-1, 9):
+    config.parsing.word_affixes = bad
+    with pytest.raises(config_lib.ConfigError, match="parsing.word_affixes"):
+      config_lib.validate(config)
+  config.parsing.word_affixes = 3
+  config.parsing.word_chars = 2
+  with pytest.raises(config_lib.ConfigError, match="parsing.word_affixes.*not both"):
+    config_lib.validate(config)
+  config.parsing.word_chars = 0
+  config_lib.validate(config)
+  model = config_lib.run_model_config(config, tokenizer)
+  assert model.source_chars == 6 and model.source_affixes
+  assert not config_lib.run_model_config(parsing_sample.get_config(), tokenizer).source_affixes
+
+
 def test_word_dropout_and_suffix_letters_config():
   config = parsing_sample.get_config()
   config.parsing.word_dropout = 0.1

@@ -105,6 +105,7 @@ def test_a_config_json_written_before_tasks_loads_into_the_sections(kind, tmp_pa
         "suffix_letters": 2,  # a key added since: its default
         "word_dropout": 0.0,
         "word_chars": 0,  # a key added since: its default
+        "word_affixes": 0,  # a key added since: its default
         "word_loss": "exact",
         "word_output": "vocabulary",  # a key added since: its default
         "tree_constraints": True,

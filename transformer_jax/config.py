@@ -185,15 +185,16 @@ def model_config(
     output_tokens: int = 0,
     source_chars: int = 0,
     chart: dict | None = None,
+    source_affixes: bool = False,
 ) -> TransformerConfig:
   """The model `config.model` describes, over a vocabulary of `vocab_size` pieces, scoring
-  `output_tokens` of them one by one (0: all), reading `source_chars` characters of each
-  source token (0: none), and with `chart`'s span chart in the place of a decoder (None: none);
-  all a task's choice, `run_model_config`."""
+  `output_tokens` of them one by one (0: all), reading `source_chars` characters (or with
+  `source_affixes`, affixes) of each source token (0: none), and with `chart`'s span chart in the
+  place of a decoder (None: none); all a task's choice, `run_model_config`."""
   # Not config.model's: the vocabulary's size, the modes, and what a task chooses.
   fields = {f.name for f in dataclasses.fields(TransformerConfig)} - {
-      "vocab_size", "deterministic", "decode", "output_tokens", "source_chars", "chart_labels",
-      "chart_tags", "chart_hidden", "chart_loss",
+      "vocab_size", "deterministic", "decode", "output_tokens", "source_chars", "source_affixes",
+      "chart_labels", "chart_tags", "chart_hidden", "chart_loss",
   }  # fmt: skip
   unknown = sorted(set(config.model) - fields)
   if unknown:
@@ -205,6 +206,7 @@ def model_config(
       vocab_size=vocab_size,
       output_tokens=output_tokens,
       source_chars=source_chars,
+      source_affixes=source_affixes,
       **(chart or {}),
       **config.model.to_dict(),
   )
@@ -213,13 +215,15 @@ def model_config(
 def run_model_config(config: ml_collections.ConfigDict, tokenizer) -> TransformerConfig:
   """The model of a run of `config` over `tokenizer`'s vocabulary, scoring the outputs and reading
   the source features its task chooses (`Task.output_tokens`, `Task.source_chars`,
-  `Task.chart_model`): what training, averaging and the commands build."""
+  `Task.source_affixes`, `Task.chart_model`): what training, averaging and the commands build."""
   from transformer_jax import tasks  # tasks import this module
 
   task = tasks.get(config.task)
   output_tokens = task.output_tokens(config, tokenizer)
   chart = task.chart_model(config, tokenizer)
-  return model_config(config, tokenizer.vocab_size, output_tokens, task.source_chars(config), chart)
+  chars = task.source_chars(config)
+  affixes = task.source_affixes(config)
+  return model_config(config, tokenizer.vocab_size, output_tokens, chars, chart, affixes)
 
 
 # Keys of a parsing run that lived in the generic sections before the parsing task had its own

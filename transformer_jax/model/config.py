@@ -20,6 +20,9 @@ BOS_ID = 2  # the decoder's first input (incremental.py); the tokenizers' BOS
 # Character ids of a source token's spelling (`TransformerConfig.source_chars`): 1..255, 0 none.
 CHAR_VOCAB = 256
 CHAR_DIM = 32  # the width of a character's embedding (transformer.py SpellingFeatures)
+# Ids of a source token's hashed affixes (`TransformerConfig.source_affixes`): 1..AFFIX_BUCKETS-1,
+# 0 none (tasks/parsing/ptb.py `affixes`).
+AFFIX_BUCKETS = 16384  # ~4.2k affixes of 1-3 letters in the sample's training words
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -75,6 +78,11 @@ class TransformerConfig:
   # and then C character ids of its spelling (CHAR_VOCAB), whose features are added to its
   # embedding (transformer.py SpellingFeatures).
   source_chars: int = 0
+  # False: those C ids are characters (CHAR_VOCAB), concatenated in their order and read by a
+  # feed-forward network (SpellingFeatures). True (a task's deviation, set by the task, never by
+  # hand: Task.source_affixes): they are hashed affixes (AFFIX_BUCKETS), each embedded and summed
+  # (transformer.py AffixFeatures).
+  source_affixes: bool = False
   # 0 (the paper): the encoder's output feeds the decoder. L > 0 (a task's deviation, set by the
   # task, never by hand: tasks/base.py Task.chart_model): no decoder; a span chart over the
   # encoder's output scores each span's L labels and each token's `chart_tags` tags
@@ -130,6 +138,10 @@ class TransformerConfig:
             f"output_tokens={self.output_tokens} not in [0, vocab_size={self.vocab_size})",
         ),
         (self.source_chars >= 0, f"source_chars={self.source_chars} must be >= 0"),
+        (
+            self.source_chars > 0 or not self.source_affixes,
+            "source_affixes=True reads the source_chars ids as affixes: set source_chars > 0",
+        ),
         (
             (self.chart_labels == 0) == (self.chart_tags == 0) and self.chart_labels >= 0,
             f"chart_labels={self.chart_labels} and chart_tags={self.chart_tags}: both 0 (a "

@@ -24,6 +24,7 @@ from transformer_jax.model.attention import (
     segment_mask,
 )
 from transformer_jax.model.config import (
+    AFFIX_BUCKETS,
     CHAR_DIM,
     CHAR_VOCAB,
     PAD_ID,
@@ -229,6 +230,12 @@ class Embed(nn.Module):
     return _output_projection(x, embedding)
 
 
+def _lookup(table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
+  """table[ids] [..., C, width], zero where an id is 0 (no character or affix: nothing)."""
+  x = jnp.take(table, ids, axis=0).astype(dtype)
+  return jnp.where((ids != 0)[..., None], x, 0)
+
+
 class SpellingFeatures(nn.Module):
   """A source token's spelling -> a vector added to its embedding (`source_chars`; a deviation,
   not in the paper, which reads a token by its id alone).
@@ -251,10 +258,37 @@ class SpellingFeatures(nn.Module):
         (CHAR_VOCAB, CHAR_DIM),
         cfg.param_dtype,
     )
-    x = jnp.take(table, chars, axis=0).astype(cfg.dtype)  # [b, s, C, c]
-    x = jnp.where((chars != 0)[..., None], x, 0)  # no character: nothing
+    x = _lookup(table, chars, cfg.dtype)  # [b, s, C, c]
     x = x.reshape(chars.shape[:-1] + (chars.shape[-1] * CHAR_DIM,))  # [b, s, C*c]
     return FeedForward(cfg, input_axis=None, name="ffn")(x)  # [b, s, e]
+
+
+class AffixFeatures(nn.Module):
+  """A source token's affixes -> a vector added to its embedding (`source_affixes`; a deviation,
+  not in the paper, which reads a token by its id alone).
+
+  affixes [b, s, C] holds C hashed affix ids per token (AFFIX_BUCKETS; 0 where there is none):
+  the sum of their embeddings, sum_i A[a_i] [a_i != 0]. A bag of endings and beginnings shared by
+  many words rather than a word's letters in their places (SpellingFeatures), so that a rare
+  word's features are those of its affixes, not a key to the word itself.
+  """
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, affixes: jax.Array) -> jax.Array:
+    cfg = self.config
+    # N(0, 1/C): the sum of a token's C affixes has about unit variance, the scale of its
+    # embedding after §3.4's √d_model (Embed).
+    table = self.param(
+        "affix_embedding",
+        nn.with_logical_partitioning(
+            nn.initializers.normal(stddev=affixes.shape[-1] ** -0.5), (None, sharding.EMBED)
+        ),
+        (AFFIX_BUCKETS, cfg.d_model),
+        cfg.param_dtype,
+    )
+    return _lookup(table, affixes, cfg.dtype).sum(axis=-2)  # [b, s, e]
 
 
 class SpanChart(nn.Module):
@@ -435,7 +469,7 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
-    """inputs [b, s] ids, or [b, s, 1 + C]: ids and spellings (`source_chars` C)."""
+    """inputs [b, s] ids, or [b, s, 1 + C]: ids and spellings or affixes (`source_chars` C)."""
     cfg = self.config
     ids = source_ids(inputs)  # [b, s]
     mask = AttentionMask(
@@ -445,7 +479,9 @@ class Encoder(nn.Module):
         else segment_mask(inputs_segmentation, inputs_segmentation),  # [b, 1, s, s]
     )
     x = self.embed(ids)  # [b, s, e]
-    if cfg.source_chars:
+    if cfg.source_affixes:
+      x = x + AffixFeatures(cfg, name="affixes")(inputs[..., 1:])  # [b, s, e]
+    elif cfg.source_chars:
       x = x + SpellingFeatures(cfg, name="spelling")(inputs[..., 1:])  # [b, s, e]
     x = AddPositions(cfg, name="positions")(x, inputs_positions)
     # §5.4: dropout on the sums of the embeddings and the positional encodings.

@@ -104,9 +104,9 @@ def unsupported_reason(model_config) -> str | None:
     )
   if model_config.source_chars:
     return (
-        f"the encoder reads {model_config.source_chars} characters of each source token beside its "
-        "id (a task's source_chars, e.g. parsing.word_chars): CTranslate2's encoder reads ids "
-        "only, so this model cannot be exported to it"
+        f"the encoder reads {model_config.source_chars} characters or affixes of each source "
+        "token beside its id (a task's source_chars, e.g. parsing.word_chars or word_affixes): "
+        "CTranslate2's encoder reads ids only, so this model cannot be exported to it"
     )
   if model_config.head_key_dim != model_config.head_value_dim:
     return (

@@ -72,6 +72,11 @@ class Task:
     sources are then [n, 1 + C] arrays); 0: a token is its id, the paper's."""
     return 0
 
+  def source_affixes(self, config: ml_collections.ConfigDict) -> bool:
+    """True: the C ids of `source_chars` are hashed affixes, embedded and summed (a deviation:
+    model/config.py's `source_affixes`); False: characters."""
+    return False
+
   def chart_model(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> dict:
     """{"chart_labels": L, "chart_tags": T, "chart_hidden": H}: the model has no decoder but a
     span chart over its encoder (a deviation: model/config.py `chart_labels`; its targets are

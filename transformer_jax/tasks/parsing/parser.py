@@ -117,7 +117,8 @@ class Parser:
     known = set(run.tokenizer.words)
     p = run.config.parsing
     encoded = [
-        ptb.encode_source(run.tokenizer, known, w, p.suffix_letters, p.word_chars) for w in words
+        ptb.encode_source(run.tokenizer, known, w, p.suffix_letters, p.word_chars, p.word_affixes)
+        for w in words
     ]
     hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha, stats=stats)
     linearization = trees.Linearization.from_config(run.config.parsing)

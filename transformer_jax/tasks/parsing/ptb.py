@@ -39,6 +39,12 @@ adds to the word's embedding (model/transformer.py SpellingFeatures): a word rea
 (unknown, or dropped) still shows its letters, as the character features of other parsers do.
 Targets stay ids.
 
+Affixes (`config.parsing.word_affixes` K, a deviation, off by default): each source word comes
+instead with its proper beginnings and endings of 1..K letters, lowercased and hashed (`affixes`),
+which the encoder embeds, sums and adds to the word's embedding (model/transformer.py
+AffixFeatures): what a rare word shares with many others ("-ed", "un-"), never the whole word,
+which spellings of a word's places spell out and a model can learn the training words by.
+
 A span chart (`config.parsing.decoder="chart"`, a deviation, off by default) has no decoder: its
 targets are each word's row of the tree's chart (chart.targets: the word's tag, the label of its
 one-word span and the node its right edge splits), and its vocabulary also holds the unary
@@ -51,6 +57,7 @@ import collections
 import logging
 import os
 import re
+import zlib
 from collections.abc import Sequence
 
 import jax
@@ -61,7 +68,7 @@ import numpy as np
 from transformer_jax import errors
 from transformer_jax import files as files_lib
 from transformer_jax.data.tokenizer import RESERVED_TOKENS, WordTokenizer
-from transformer_jax.model.config import CHAR_VOCAB
+from transformer_jax.model.config import AFFIX_BUCKETS, CHAR_VOCAB
 from transformer_jax.parallel import distributed
 from transformer_jax.tasks.parsing import trees
 
@@ -199,23 +206,44 @@ def spelling(word: str, letters: int) -> list[int]:
   return first + last
 
 
+def affixes(word: str, letters: int) -> list[int]:
+  """A word's proper beginnings and then its proper endings of 1..`letters` letters, lowercased,
+  as 2 * letters ids (model/config.py AFFIX_BUCKETS: 1 + CRC-32 of the affix and its side, mod
+  AFFIX_BUCKETS - 1; 0 where the word has no such affix, i.e. is not longer than it):
+  'Fizzled', 2 -> the ids of f-, fi-, -d, -ed. What the encoder reads beside each source token's
+  id with `config.parsing.word_affixes` (a bag: model/transformer.py AffixFeatures)."""
+  w = word.lower()
+  out = []
+  for side in ("<", ">"):  # beginnings, then endings
+    for n in range(1, letters + 1):
+      if len(w) <= n:
+        out.append(0)
+        continue
+      affix = w[:n] if side == "<" else w[-n:]
+      out.append(1 + zlib.crc32(f"{side}{affix}".encode()) % (AFFIX_BUCKETS - 1))
+  return out
+
+
 def encode_source(
     tokenizer: WordTokenizer,
     known: set[str],
     words: Sequence[str],
     suffix_letters: int = 2,
     word_chars: int = 0,
+    word_affixes: int = 0,
 ) -> list[int] | np.ndarray:
   """A sentence as the model reads it: its token ids (`encode_words`), or with `word_chars` K an
   [n, 1 + 2K] array, each word's id and then its `spelling`, so that a word read as its class
-  still shows its letters (`config.parsing.word_chars`)."""
+  still shows its letters (`config.parsing.word_chars`); with `word_affixes` K, each word's id
+  and then its `affixes` (`config.parsing.word_affixes`)."""
   ids = encode_words(tokenizer, known, words, suffix_letters)
-  if not word_chars:
+  if not (word_chars or word_affixes):
     return ids
-  out = np.zeros((len(ids), 1 + 2 * word_chars), np.int32)  # [n, 1 + 2K]
+  letters, features = (word_chars, spelling) if word_chars else (word_affixes, affixes)
+  out = np.zeros((len(ids), 1 + 2 * letters), np.int32)  # [n, 1 + 2K]
   out[:, 0] = ids
   if len(ids):
-    out[:, 1:] = [spelling(w, word_chars) for w in words]
+    out[:, 1:] = [features(w, letters) for w in words]
   return out
 
 
@@ -291,8 +319,9 @@ def load_splits(
       logging.info("data: %s split: skipped %d trees with no word but empty elements", key, empty)
     loaded[key] = tree_list
   linearization = trees.Linearization.from_config(config.parsing)
-  letters = config.parsing.suffix_letters
-  chart_targets = config.parsing.decoder == "chart"
+  p = config.parsing
+  letters = p.suffix_letters
+  chart_targets = p.decoder == "chart"
   if vocab_path and os.path.exists(vocab_path):
     tokenizer = WordTokenizer.load(vocab_path)
     logging.info("data: reusing the vocabulary in %s", vocab_path)
@@ -313,7 +342,7 @@ def load_splits(
   for key in splits:
     pairs = [(" ".join(tree.words()), " ".join(linearization.tokens(tree))) for tree in loaded[key]]
     sources = [
-        encode_source(tokenizer, known, s.split(), letters, config.parsing.word_chars)
+        encode_source(tokenizer, known, s.split(), letters, p.word_chars, p.word_affixes)
         for s, _ in pairs
     ]
     if chart_targets:  # each word's row of the chart's targets (chart.targets)
@@ -337,7 +366,7 @@ def drop_words(
   dropped = jax.random.bernoulli(rng, rate, (vocab,))  # [v]
   table = jnp.where(dropped, classes, jnp.arange(vocab, dtype=classes.dtype))  # [v]
 
-  def drop(ids):  # [b, L], or [b, L, 1 + C] inputs whose spellings stay (parsing.word_chars)
+  def drop(ids):  # [b, L], or [b, L, 1 + C] inputs whose spellings or affixes stay
     return table[ids] if ids.ndim == 2 else ids.at[..., 0].set(table[ids[..., 0]])
 
   return {k: drop(v) if k in keys else v for k, v in batch.items()}

@@ -11,6 +11,8 @@ deviations from §6.3 among them are off by default:
                     this probability (a deviation; ptb.py)
   word_chars        the encoder also reads each source word's first and last this many
                     characters (a deviation, 0 = off; ptb.py, model/transformer.py)
+  word_affixes      the encoder also reads each source word's beginnings and endings of 1 to this
+                    many letters, hashed, as a bag (a deviation, 0 = off; ptb.py)
   word_loss         "exact" (the paper) or "any": a target word scored as "a word comes here"
                     (a deviation; needs tree_words; training/losses.py)
   word_output       "vocabulary" (the paper) or "one": the decoder scores the tree tokens one by
@@ -45,6 +47,7 @@ class ParsingTask(base.Task):
       "word_output",
       "suffix_letters",
       "word_chars",
+      "word_affixes",
       "decoder",
       "chart_hidden",
       "chart_loss",
@@ -75,6 +78,11 @@ class ParsingTask(base.Task):
     # shows its letters (a deviation, off by default: §6.3 reads tokens by their ids; ptb.py
     # `spelling`, model/transformer.py SpellingFeatures).
     s.word_chars = 0
+    # K > 0: the encoder reads each source word's proper beginnings and endings of 1..K letters
+    # (lowercased, hashed; never the whole word), each embedded, summed and added to its
+    # embedding: what a rare or unknown word shares with others (a deviation, off by default;
+    # ptb.py `affixes`, model/transformer.py AffixFeatures). Not with word_chars.
+    s.word_affixes = 0
     # "exact" (the paper): every target token is scored. "any" (a deviation; with tree_words): a
     # target word is scored as "a word comes here", its probability the sum over the
     # vocabulary's words, since the decoding constraint dictates which (training/losses.py).
@@ -123,6 +131,17 @@ class ParsingTask(base.Task):
         0 <= p.word_chars <= 16,
         "parsing.word_chars",
         "expected how many of a word's first and last characters the encoder reads, 0 (off) to 16",
+    )
+    check(
+        0 <= p.word_affixes <= 8,
+        "parsing.word_affixes",
+        "expected the longest beginning and ending of a word the encoder reads, 0 (off) to 8",
+    )
+    check(
+        not (p.word_chars and p.word_affixes),
+        "parsing.word_affixes",
+        "a word's letters are read as its spelling (word_chars) or as its affixes "
+        "(word_affixes), not both: set one of them to 0",
     )
     check(p.word_loss in ("exact", "any"), "parsing.word_loss", "expected 'exact' or 'any'")
     check(
@@ -204,7 +223,12 @@ class ParsingTask(base.Task):
     return tree_constraint.output_tokens(tokenizer)
 
   def source_chars(self, config):
-    return 2 * config.parsing.word_chars  # the first and the last word_chars (ptb.spelling)
+    p = config.parsing
+    # the first and the last word_chars (ptb.spelling), or word_affixes of each (ptb.affixes)
+    return 2 * (p.word_chars or p.word_affixes)
+
+  def source_affixes(self, config):
+    return bool(config.parsing.word_affixes)
 
   def chart_model(self, config, tokenizer):
     if config.parsing.decoder != "chart":
