@@ -269,8 +269,8 @@ class AffixFeatures(nn.Module):
 
   affixes [b, s, C] holds C hashed affix ids per token (AFFIX_BUCKETS; 0 where there is none):
   the sum of their embeddings, sum_i A[a_i] [a_i != 0]. A bag of endings and beginnings shared by
-  many words rather than a word's letters in their places (SpellingFeatures), so that a rare
-  word's features are those of its affixes, not a key to the word itself.
+  many words rather than a word's letters in their places (SpellingFeatures): a rare word reads
+  as what it shares with others.
   """
 
   config: TransformerConfig

@@ -42,8 +42,9 @@ Targets stay ids.
 Affixes (`config.parsing.word_affixes` K, a deviation, off by default): each source word comes
 instead with its proper beginnings and endings of 1..K letters, lowercased and hashed (`affixes`),
 which the encoder embeds, sums and adds to the word's embedding (model/transformer.py
-AffixFeatures): what a rare word shares with many others ("-ed", "un-"), never the whole word,
-which spellings of a word's places spell out and a model can learn the training words by.
+AffixFeatures): what a rare word shares with many others ("-ed", "un-"), never the whole word.
+On the sample's 3k trees the span chart still learns them as keys to the training words
+(docs/experiments.md, "more dropout and a word's affixes").
 
 A span chart (`config.parsing.decoder="chart"`, a deviation, off by default) has no decoder: its
 targets are each word's row of the tree's chart (chart.targets: the word's tag, the label of its
