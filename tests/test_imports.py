@@ -88,8 +88,8 @@ COMMANDS = (
 GENERIC = ("model", "decoding", "training", "runs", "data", "parallel")
 # Words of the parsing task: its switches, its modules, its scorer.
 PARSING_WORDS = re.compile(
-    r"\bptb\b|word_set|word_classes|word_dropout|word_chars|word_loss|tree_constraint|tree_words"
-    r"|tree_order|tree_closing|\bevalb\b|\bparsing\b|linearization|treebank",
+    r"\bptb\b|word_set|word_classes|word_dropout|word_chars|word_affixes|word_loss|tree_constraint"
+    r"|tree_words|tree_order|tree_closing|\bevalb\b|\bparsing\b|linearization|treebank",
     re.IGNORECASE,
 )
 

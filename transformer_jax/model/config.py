@@ -21,8 +21,8 @@ BOS_ID = 2  # the decoder's first input (incremental.py); the tokenizers' BOS
 CHAR_VOCAB = 256
 CHAR_DIM = 32  # the width of a character's embedding (transformer.py SpellingFeatures)
 # Ids of a source token's hashed affixes (`TransformerConfig.source_affixes`): 1..AFFIX_BUCKETS-1,
-# 0 none (tasks/parsing/ptb.py `affixes`).
-AFFIX_BUCKETS = 16384  # ~4.2k affixes of 1-3 letters in the sample's training words
+# 0 none (a task computes them: tasks/base.py Task.source_affixes).
+AFFIX_BUCKETS = 16384  # room for a few thousand affixes with few collisions
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
