@@ -287,6 +287,15 @@ def test_a_model_that_reads_spellings_is_refused(vocab_file, tmp_path):
   assert not (tmp_path / "new").exists()
 
 
+def test_a_model_with_relative_positions_is_refused(vocab_file, tmp_path):
+  model_config = tiny_config(relative_positions=4)
+  with pytest.raises(ctranslate2_model.ExportError, match="relative_positions=4.*cannot be"):
+    ctranslate2_model.export_ctranslate2(
+        model_config, random_params(model_config), vocab_file, str(tmp_path / "new")
+    )
+  assert not (tmp_path / "new").exists()
+
+
 def test_a_span_chart_model_is_refused(vocab_file, tmp_path):
   model_config = tiny_config(chart_labels=5, chart_tags=3)  # no decoder
   with pytest.raises(ctranslate2_model.ExportError, match="span chart.*cannot be exported"):

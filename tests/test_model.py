@@ -210,6 +210,78 @@ def test_packed_pairs_equal_pairs_run_alone(post_params):
   assert not np.allclose(leaky[0, 3:6], alone[1, :3], atol=1e-3)
 
 
+# ----------------------------------------------------------------------------- relative positions
+
+
+def test_relative_positions_add_a_clipped_offset_bias_to_the_encoders_logits():
+  """relative_positions K: each encoder head's logits gain table[clip(k - q, -K, K) + K, head]
+  (RelativePositions), one table for every layer: the attention weights of layer 0 are
+  softmax(Q Kᵀ / √d_k + bias) over the non-padding keys, computed here from the parameters."""
+  k_max = 2
+  config = CONFIG.replace(relative_positions=k_max)
+  params = random_params(config)
+  table = np.asarray(params["encoder"]["relative_positions"]["bias"])
+  assert table.shape == (2 * k_max + 1, config.num_heads)
+  assert "relative_positions" not in params["decoder"]  # the encoder's attention only
+  inputs, decoder_inputs = example()
+  _, state = logits_of(config, params, inputs, decoder_inputs, mutable=["intermediates"])
+  (weights,) = state["intermediates"]["encoder"]["layer_0"]["self_attention"]["attention_weights"]
+
+  from transformer_jax.model.transformer import sinusoidal_positions
+
+  embedding = np.asarray(params["shared_embedding"]["embedding"], np.float64)
+  x = embedding[inputs] * np.sqrt(32.0) + sinusoidal_positions(32, 32)[:SOURCE_LEN]  # [b, s, e]
+  attention = params["encoder"]["layer_0"]["self_attention"]
+  q = np.einsum("bse,ehd->bshd", x, np.asarray(attention["query"]))  # [b, s, h, d]
+  k = np.einsum("bse,ehd->bshd", x, np.asarray(attention["key"]))
+  logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(8.0)  # [b, h, q, k]
+  offset = np.clip(np.arange(SOURCE_LEN)[None, :] - np.arange(SOURCE_LEN)[:, None], -2, 2) + 2
+  assert offset[0, 6] == 4 and offset[6, 0] == 0 and offset[3, 3] == 2  # [q, k]
+  logits = logits + table[offset].transpose(2, 0, 1)[None]  # [h, q, k] per sentence
+  logits = np.where((inputs != PAD_ID)[:, None, None, :], logits, -np.inf)
+  expected = np.exp(logits - logits.max(-1, keepdims=True))
+  expected /= expected.sum(-1, keepdims=True)
+  np.testing.assert_allclose(weights, expected, rtol=1e-4, atol=1e-5)
+
+  # Every encoder layer reads the table; a zero table is the model without it.
+  zero = {**params, "encoder": {**params["encoder"], "relative_positions": {"bias": table * 0}}}
+  encoder = {n: v for n, v in params["encoder"].items() if n != "relative_positions"}
+  without = {**params, "encoder": encoder}
+  np.testing.assert_allclose(
+      logits_of(config, zero, inputs, decoder_inputs),
+      logits_of(CONFIG, without, inputs, decoder_inputs),
+      atol=1e-5,
+  )
+
+
+def test_with_relative_positions_alone_an_encoding_depends_on_offsets_only():
+  """positional="none" with relative_positions: a sentence's span chart is the same wherever its
+  positions start (offsets are all it sees); with §3.5's sinusoids as well it is not."""
+  chart = dict(chart_labels=5, chart_tags=3, chart_hidden=16)
+  inputs, _ = example()
+  positions = np.broadcast_to(np.arange(SOURCE_LEN), inputs.shape)
+  for positional, invariant in (("none", True), ("sinusoidal", False)):
+    config = CONFIG.replace(relative_positions=3, positional=positional, **chart)
+    params = random_params(config)
+    spans, tags = logits_of(config, params, inputs, None, inputs_positions=positions)
+    shifted, shifted_tags = logits_of(config, params, inputs, None, inputs_positions=positions + 9)
+    assert np.allclose(shifted, spans, atol=1e-5) == invariant
+    assert np.allclose(shifted_tags, tags, atol=1e-5) == invariant
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(relative_positions=-1), "relative_positions=-1 must be >= 0"),
+        (dict(positional="none"), "positional='none' leaves the model no order"),
+        (dict(positional="none", relative_positions=4), "positional='none'"),  # a decoder
+    ],
+)
+def test_bad_relative_positions_are_refused(fields, message):
+  with pytest.raises(ValueError, match=message):
+    CONFIG.replace(**fields)
+
+
 # ----------------------------------------------------------------------------- embeddings
 
 

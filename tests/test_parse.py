@@ -326,13 +326,15 @@ def test_one_output_for_every_word_trains_evaluates_and_parses(shared_data, tmp_
 
 @pytest.mark.slow
 def test_a_span_chart_trains_evaluates_and_parses(shared_data, tmp_path):
-  """configs/parsing_sample.py:chart made tiny, reading affixes: no decoder; the run evaluates
-  with EVALB, its parses read back with no repair, and the parse command and `Parser` give the
-  same trees over exactly the input's words, whatever beam they are asked for."""
+  """configs/parsing_sample.py:chart made tiny (its relative positions kept), reading affixes: no
+  decoder; the run evaluates with EVALB, its parses read back with no repair, and the parse
+  command and `Parser` give the same trees over exactly the input's words, whatever beam they are
+  asked for."""
   from transformer_jax.tasks.parsing.parser import Parser
 
   config = _tiny_sample_config(shared_data)
   parsing_sample.chart(config)
+  assert config.model.relative_positions > 0  # through training, evaluation, saved programs
   config.parsing.word_affixes = 2  # through training, evaluation, saved programs, Parser
   config.eval.num_sentences = 8
   workdir = tmp_path / "run"

@@ -297,6 +297,25 @@ def test_a_source_word_comes_with_its_affixes():
   assert not config_lib.run_model_config(parsing_sample.get_config(), tokenizer).source_affixes
 
 
+def test_a_span_chart_may_see_order_through_relative_positions_alone():
+  """model.positional="none" with model.relative_positions: valid for the span chart (no decoder,
+  Task.has_decoder), refused before any work for §6.3's encoder-decoder, whose decoder would
+  see no order."""
+  train = [trees.preprocess(t) for t in trees.parse_trees(THREE_TREES)]
+  tokenizer = ptb.build_vocabulary(train, "labeled", vocab_size=64)
+  for variant, valid in (("chart", True), (None, False)):
+    config = parsing_sample.get_config(variant)
+    config.model.positional = "none"
+    config.model.relative_positions = 8
+    if not valid:
+      with pytest.raises(config_lib.ConfigError, match="positional='none' leaves the model"):
+        config_lib.validate(config)
+      continue
+    config_lib.validate(config)
+    model = config_lib.run_model_config(config, tokenizer)
+    assert model.positional == "none" and model.relative_positions == 8 and model.chart_labels
+
+
 def test_word_dropout_and_suffix_letters_config():
   config = parsing_sample.get_config()
   config.parsing.word_dropout = 0.1

@@ -443,6 +443,8 @@ def test_resume_with_a_different_model_is_refused(tmp_path):
         ("mesh.data", 0, "mesh.data"),
         ("train.label_smoothing", 1.0, "train.label_smoothing"),
         ("model.key_dim", -4, "key_dim=-4"),
+        ("model.relative_positions", -2, "relative_positions=-2"),
+        ("model.positional", "none", "positional='none' leaves the model no order"),
     ],
 )
 def test_bad_config_values_fail_naming_the_key(key, value, expected):

@@ -66,7 +66,10 @@ def model_section() -> ml_collections.ConfigDict:
   s.attention_dropout_rate = 0.0
   s.max_len = 256
   s.share_embeddings = True
-  s.positional = "sinusoidal"
+  s.positional = "sinusoidal"  # §3.5; learned: Table 3 row (E); none: relative_positions only
+  # K > 0 (a deviation, off by default): the encoder's attention adds a learned bias per head for
+  # each key-query offset clipped to [-K, K] (model/config.py TransformerConfig).
+  s.relative_positions = 0
   s.norm_position = "post"
   s.dtype = "float32"
   s.param_dtype = "float32"
@@ -283,7 +286,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   names = tasks.names()
   check(config.task in names, "task", f"expected one of {names} (or a task registered first)")
   task = tasks.get(config.task)
-  validate_model(config)
+  validate_model(config, task)
   validate_data(config, check, task.sources)
   validate_train(config, check)
   validate_eval(config, check)
@@ -291,9 +294,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
   task.validate(config, check)
 
 
-def validate_model(config: ml_collections.ConfigDict) -> None:
+def validate_model(config: ml_collections.ConfigDict, task) -> None:
+  # The model's own checks, with a placeholder vocabulary and, where the task builds no decoder,
+  # a placeholder span chart.
+  chart = None if task.has_decoder(config) else {"chart_labels": 1, "chart_tags": 1}
   try:
-    model_config(config, vocab_size=64)  # the model's own checks, with a placeholder vocab
+    model_config(config, vocab_size=64, chart=chart)
   except ConfigError:
     raise
   except (TypeError, ValueError) as e:  # TypeError: a None where the field needs a number

@@ -78,10 +78,14 @@ class AttentionMask:
     package builds (`data/batching.py`, `decode.py`); the einsum path uses it as it is.
   causal: query i attends to keys <= i (§3.2.3). Static: it selects a kernel.
   extra: [b | 1, 1, q, k] bool or None: any other mask (packed-sequence segment masks).
+  bias: [b | 1, h, q, k] float or None: added to the logits before the mask (the encoder's
+    relative positions, `TransformerConfig.relative_positions`); not a mask, but it travels with
+    one to every layer.
   """
 
   key_valid: jax.Array | None = None
   extra: jax.Array | None = None
+  bias: jax.Array | None = None
   causal: bool = flax.struct.field(pytree_node=False, default=False)
 
   def dense(self, query_length: int) -> jax.Array | None:
@@ -109,12 +113,14 @@ def dot_product_attention(
     value: jax.Array,
     mask: jax.Array | None,
     *,
+    bias: jax.Array | None = None,
     dropout_rng: jax.Array | None = None,
     dropout_rate: float = 0.0,
     deterministic: bool = True,
     return_weights: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-  """softmax(Q Kᵀ / √d_k) V — §3.2.1, Eq. 1, per head.
+  """softmax(Q Kᵀ / √d_k) V — §3.2.1, Eq. 1, per head; softmax(Q Kᵀ / √d_k + bias) V with a
+  `bias` broadcastable to [b, h, q, k] (relative positions, a deviation).
 
   With `return_weights` also the attention weights [b, h, q, k] (float32, before dropout).
 
@@ -127,6 +133,8 @@ def dot_product_attention(
   logits = jnp.einsum(
       "bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32
   )  # [b, h, q, k]
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
   if mask is not None:
     # A large negative rather than -inf keeps fully-masked rows (padding queries) finite.
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -200,8 +208,9 @@ def attention_implementation(
 ) -> str:
   """Resolves `attention_impl` for one call to 'einsum', 'xla' or 'cudnn' (see module docstring).
 
-  `dense_mask`: the mask has a part only a dense array expresses (packed segments, or a caller's
-  plain boolean mask). cuDNN then takes it as an additive bias, which `auto` does not choose.
+  `dense_mask`: the mask has a part only a dense array expresses (packed segments, a logit bias,
+  or a caller's plain boolean mask). cuDNN then takes it as an additive bias, which `auto` does
+  not choose.
   `head_dim` is d_k; `value_dim` is d_v when it differs (None: the same).
   """
   if impl not in ATTENTION_IMPLS:
@@ -242,14 +251,16 @@ def fused_dot_product_attention(
   """
   if isinstance(mask, AttentionMask):
     dense, causal, key_lengths = mask.extra, mask.causal, mask.key_lengths()
+    bias = mask.bias
   else:
-    dense, causal, key_lengths = mask, False, None
+    dense, causal, key_lengths, bias = mask, False, None, None
   if dense is not None:
     dense = jnp.broadcast_to(dense, (dense.shape[0], 1, query.shape[1], key.shape[1]))
   return jax.nn.dot_product_attention(
       query,
       key,
       value,
+      bias=None if bias is None else bias.astype(query.dtype),
       mask=dense,
       is_causal=causal,
       key_value_seq_lengths=key_lengths,
@@ -311,7 +322,9 @@ class MultiHeadAttention(nn.Module):
         decode=cfg.decode,
         dropout=dropout,
         dense_mask=mask is not None
-        and (not isinstance(mask, AttentionMask) or mask.extra is not None),
+        and (
+            not isinstance(mask, AttentionMask) or mask.extra is not None or mask.bias is not None
+        ),
     )
     # Applying with mutable=["intermediates"] records every layer's attention weights
     # [b, h, q, k] as "attention_weights" (for figures, transformer_jax/plot_attention.py);
@@ -319,6 +332,7 @@ class MultiHeadAttention(nn.Module):
     capture = self.is_mutable_collection("intermediates")
     if impl != "einsum" and not capture:
       return fused_dot_product_attention(query, key, value, mask, implementation=impl)
+    bias = mask.bias if isinstance(mask, AttentionMask) else None
     if isinstance(mask, AttentionMask):
       mask = mask.dense(query.shape[1])
     out, weights = dot_product_attention(
@@ -326,6 +340,7 @@ class MultiHeadAttention(nn.Module):
         key,
         value,
         mask,
+        bias=bias,
         dropout_rng=self.make_rng("dropout") if dropout else None,
         dropout_rate=cfg.attention_dropout_rate,
         deterministic=cfg.deterministic,

@@ -93,7 +93,13 @@ class TransformerConfig:
   # What the chart's scores are: each span's label's log-probability ("spans") or a tree
   # potential ("tree"); training/losses.py chart_cross_entropy.
   chart_loss: str = "spans"
-  positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
+  positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E); "none": see below
+  # 0 (the paper): order reaches the model only through `positional`. K > 0 (a deviation, off by
+  # default): the encoder's self-attention also adds to each head's logits a learned scalar for the
+  # key's offset from the query, clipped to [-K, K] (Shaw et al. 2018's clipping; one table for all
+  # layers, as in Raffel et al. 2020's T5). With `positional="none"` the encoder sees order through
+  # these alone (a model without a decoder only: the decoder would have none).
+  relative_positions: int = 0
   norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in §3.1; "pre": pre-LN
   layer_norm_epsilon: float = 1e-6
   dtype: Any = jnp.float32  # compute dtype; bfloat16 for mixed precision
@@ -153,8 +159,17 @@ class TransformerConfig:
             f"chart_loss={self.chart_loss!r}; expected 'spans' or 'tree'",
         ),
         (
-            self.positional in ("sinusoidal", "learned"),
-            f"positional={self.positional!r}; expected 'sinusoidal' or 'learned'",
+            self.positional in ("sinusoidal", "learned", "none"),
+            f"positional={self.positional!r}; expected 'sinusoidal', 'learned' or 'none'",
+        ),
+        (
+            self.relative_positions >= 0,
+            f"relative_positions={self.relative_positions} must be >= 0 (0: none)",
+        ),
+        (
+            self.positional != "none" or (self.relative_positions > 0 and self.chart_labels > 0),
+            "positional='none' leaves the model no order but relative_positions, which only the "
+            "encoder reads: set relative_positions > 0, for a model without a decoder",
         ),
         (
             self.norm_position in ("post", "pre"),

@@ -64,6 +64,8 @@ class AddPositions(nn.Module):
   def __call__(self, x: jax.Array, positions: jax.Array | None) -> jax.Array:
     cfg = self.config
     length = x.shape[1]
+    if cfg.positional == "none":  # order through relative_positions alone (RelativePositions)
+      return x
     if cfg.positional == "sinusoidal":
       table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
     else:
@@ -80,6 +82,31 @@ class AddPositions(nn.Module):
     else:
       pos = jnp.take(table, positions, axis=0)  # [b, L, e]
     return x + pos.astype(x.dtype)
+
+
+class RelativePositions(nn.Module):
+  """The encoder's relative positions (`relative_positions` K; a deviation, off by default): a
+  learned scalar per head for each key's offset from its query, clipped to [-K, K] (Shaw et al.
+  2018), added to the attention logits of every encoder layer (one table, as in T5).
+
+  positions [b | 1, s] int (a packed row's restart at each sentence) -> bias [b | 1, h, s, s]:
+  bias[:, h, q, k] = table[clip(pos_k - pos_q, -K, K) + K, h]. The table starts at zero, so an
+  untrained model attends as without it."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, positions: jax.Array) -> jax.Array:
+    cfg = self.config
+    k = cfg.relative_positions
+    table = self.param(
+        "bias",
+        nn.with_logical_partitioning(nn.initializers.zeros, (None, sharding.HEADS)),
+        (2 * k + 1, cfg.num_heads),
+        cfg.param_dtype,
+    )  # [2K + 1, h]
+    offset = jnp.clip(positions[:, None, :] - positions[:, :, None], -k, k) + k  # [b, q, k]
+    return jnp.take(table, offset, axis=0).transpose(0, 3, 1, 2)  # [b, h, q, k]
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -472,11 +499,16 @@ class Encoder(nn.Module):
     """inputs [b, s] ids, or [b, s, 1 + C]: ids and spellings or affixes (`source_chars` C)."""
     cfg = self.config
     ids = source_ids(inputs)  # [b, s]
+    bias = None
+    if cfg.relative_positions:
+      positions = jnp.arange(ids.shape[1])[None] if inputs_positions is None else inputs_positions
+      bias = RelativePositions(cfg, name="relative_positions")(positions)  # [b | 1, h, s, s]
     mask = AttentionMask(
         key_valid=ids != PAD_ID,  # [b, s]
         extra=None
         if inputs_segmentation is None
         else segment_mask(inputs_segmentation, inputs_segmentation),  # [b, 1, s, s]
+        bias=bias,
     )
     x = self.embed(ids)  # [b, s, e]
     if cfg.source_affixes:

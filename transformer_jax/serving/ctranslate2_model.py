@@ -108,6 +108,12 @@ def unsupported_reason(model_config) -> str | None:
         "token beside its id (a task's source_chars, e.g. parsing.word_chars or word_affixes): "
         "CTranslate2's encoder reads ids only, so this model cannot be exported to it"
     )
+  if model_config.relative_positions:
+    return (
+        f"model.relative_positions={model_config.relative_positions}: the encoder adds a learned "
+        "bias per head for each clipped key-query offset, which CTranslate2's Transformer has no "
+        "place for, so this model cannot be exported to it"
+    )
   if model_config.head_key_dim != model_config.head_value_dim:
     return (
         f"model.key_dim={model_config.head_key_dim} != model.value_dim="

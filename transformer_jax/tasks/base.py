@@ -77,6 +77,12 @@ class Task:
     model/config.py's `source_affixes`); False: characters."""
     return False
 
+  def has_decoder(self, config: ml_collections.ConfigDict) -> bool:
+    """False where `chart_model` gives the model no decoder: what the config's checks need to
+    know before there is a vocabulary (a model without one may see order by relative positions
+    alone, model/config.py `positional="none"`)."""
+    return True
+
   def chart_model(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> dict:
     """{"chart_labels": L, "chart_tags": T, "chart_hidden": H}: the model has no decoder but a
     span chart over its encoder (a deviation: model/config.py `chart_labels`; its targets are

@@ -230,8 +230,11 @@ class ParsingTask(base.Task):
   def source_affixes(self, config):
     return bool(config.parsing.word_affixes)
 
+  def has_decoder(self, config):
+    return config.parsing.decoder != "chart"
+
   def chart_model(self, config, tokenizer):
-    if config.parsing.decoder != "chart":
+    if self.has_decoder(config):
       return {}
     from transformer_jax.tasks.parsing import chart
 
