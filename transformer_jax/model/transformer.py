@@ -98,14 +98,15 @@ class RelativePositions(nn.Module):
   @nn.compact
   def __call__(self, positions: jax.Array) -> jax.Array:
     cfg = self.config
-    k = cfg.relative_positions
+    clip = cfg.relative_positions  # K
     table = self.param(
         "bias",
         nn.with_logical_partitioning(nn.initializers.zeros, (None, sharding.HEADS)),
-        (2 * k + 1, cfg.num_heads),
+        (2 * clip + 1, cfg.num_heads),
         cfg.param_dtype,
     )  # [2K + 1, h]
-    offset = jnp.clip(positions[:, None, :] - positions[:, :, None], -k, k) + k  # [b, q, k]
+    offset = positions[:, None, :] - positions[:, :, None]  # [b, q, k]: key minus query
+    offset = jnp.clip(offset, -clip, clip) + clip  # [b, q, k]: rows of the table
     return jnp.take(table, offset, axis=0).transpose(0, 3, 1, 2)  # [b, h, q, k]
 
 
