@@ -269,36 +269,18 @@ def test_d_k_different_from_d_v_is_refused_naming_the_variant(vocab_file, tmp_pa
   assert not (tmp_path / "new").exists() and os.listdir(tmp_path) == []
 
 
-def test_a_model_with_one_output_for_many_ids_is_refused(vocab_file, tmp_path):
-  model_config = tiny_config(output_tokens=5)  # ids 0-4 and one output for the rest
-  with pytest.raises(ctranslate2_model.ExportError, match="output_tokens.*cannot be exported"):
-    ctranslate2_model.export_ctranslate2(
-        model_config, random_params(model_config), vocab_file, str(tmp_path / "new")
-    )
-  assert not (tmp_path / "new").exists()
-
-
-def test_a_model_that_reads_spellings_is_refused(vocab_file, tmp_path):
-  model_config = tiny_config(source_chars=4)  # ids and 4 characters per source token
-  with pytest.raises(ctranslate2_model.ExportError, match="source_chars.*cannot be exported"):
-    ctranslate2_model.export_ctranslate2(
-        model_config, random_params(model_config), vocab_file, str(tmp_path / "new")
-    )
-  assert not (tmp_path / "new").exists()
-
-
-def test_a_model_with_relative_positions_is_refused(vocab_file, tmp_path):
-  model_config = tiny_config(relative_positions=4)
-  with pytest.raises(ctranslate2_model.ExportError, match="relative_positions=4.*cannot be"):
-    ctranslate2_model.export_ctranslate2(
-        model_config, random_params(model_config), vocab_file, str(tmp_path / "new")
-    )
-  assert not (tmp_path / "new").exists()
-
-
-def test_a_span_chart_model_is_refused(vocab_file, tmp_path):
-  model_config = tiny_config(chart_labels=5, chart_tags=3)  # no decoder
-  with pytest.raises(ctranslate2_model.ExportError, match="span chart.*cannot be exported"):
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(output_tokens=5), "output_tokens.*cannot be exported"),  # ids 0-4, one for the rest
+        (dict(source_chars=4), "source_chars.*cannot be exported"),  # 4 characters per token
+        (dict(relative_positions=4), "relative_positions=4.*cannot be"),
+        (dict(chart_labels=5, chart_tags=3), "span chart.*cannot be exported"),  # no decoder
+    ],
+)
+def test_a_model_ctranslate2_has_no_place_for_is_refused(fields, message, vocab_file, tmp_path):
+  model_config = tiny_config(**fields)
+  with pytest.raises(ctranslate2_model.ExportError, match=message):
     ctranslate2_model.export_ctranslate2(
         model_config, random_params(model_config), vocab_file, str(tmp_path / "new")
     )

@@ -243,7 +243,7 @@ def test_relative_positions_add_a_clipped_offset_bias_to_the_encoders_logits():
   expected /= expected.sum(-1, keepdims=True)
   np.testing.assert_allclose(weights, expected, rtol=1e-4, atol=1e-5)
 
-  # Every encoder layer reads the table; a zero table is the model without it.
+  # A zero table is the model without it.
   zero = {**params, "encoder": {**params["encoder"], "relative_positions": {"bias": table * 0}}}
   encoder = {n: v for n, v in params["encoder"].items() if n != "relative_positions"}
   without = {**params, "encoder": encoder}

@@ -332,9 +332,9 @@ class MultiHeadAttention(nn.Module):
     capture = self.is_mutable_collection("intermediates")
     if impl != "einsum" and not capture:
       return fused_dot_product_attention(query, key, value, mask, implementation=impl)
-    bias = mask.bias if isinstance(mask, AttentionMask) else None
+    bias = None
     if isinstance(mask, AttentionMask):
-      mask = mask.dense(query.shape[1])
+      mask, bias = mask.dense(query.shape[1]), mask.bias
     out, weights = dot_product_attention(
         query,
         key,
