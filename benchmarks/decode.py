@@ -133,14 +133,14 @@ def main(argv):
   for name, beam in modes if "jax" in engines else ():
     kwargs = {"beam_size": beam, "batch_tokens": batch_tokens}
     start = time.perf_counter()
-    hypotheses = run.translate_ids(sources, **kwargs)  # warm-up: compiles each batch shape
+    hypotheses = run.decode_ids(sources, **kwargs)  # warm-up: compiles each batch shape
     translations[name] = hypotheses
     compile_s = time.perf_counter() - start
     out_tokens = sum(len(run.tokenizer.encode(h)) + 1 for h in hypotheses)
     times, stats = [], {}
     for _ in range(_REPEATS.value):
       start = time.perf_counter()
-      run.translate_ids(sources, stats=stats, **kwargs)
+      run.decode_ids(sources, stats=stats, **kwargs)
       times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     result[name] = {

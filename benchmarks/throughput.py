@@ -84,7 +84,7 @@ _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also time forward and forwar
 def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> float:
   """Matmul FLOPs of one training step (forward + backward); see the module docstring."""
   B, S, T = batch, source_len, target_len
-  e, f, V = cfg.d_model, cfg.d_ff, cfg.num_outputs
+  e, f, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
   N, M = cfg.num_layers, cfg.decoder_layers
   # h*d_k and h*d_v: both e unless the config sets d_k, d_v (Table 3 rows (A), (B)).
   k, v = cfg.num_heads * cfg.head_key_dim, cfg.num_heads * cfg.head_value_dim
@@ -96,13 +96,7 @@ def model_flops_per_step(cfg, batch: int, source_len: int, target_len: int) -> f
       + (B * T * T + B * T * S) * (k + v)  # scores and weighted sums, self and cross
   )
   output = B * T * e * V
-  from transformer_jax.model.config import CHAR_DIM
-
-  # A source token's spelling (`source_chars` C, CHAR_DIM-wide character embeddings): its FFN.
-  # Affixes (`source_affixes`) are summed embeddings: no multiply-adds.
-  chars = cfg.source_chars if not cfg.source_affixes else 0
-  spelling = B * S * (chars * CHAR_DIM * f + f * e) if chars else 0
-  forward = 2 * (encoder + decoder + output + spelling)  # 2 FLOPs per multiply-add
+  forward = 2 * (encoder + decoder + output)  # 2 FLOPs per multiply-add
   return 3.0 * forward  # backward = 2 x forward
 
 
@@ -216,15 +210,7 @@ def main(argv):
   if dataset is None:
     trainer = train.Trainer(config, config_lib.model_config(config, vocab_size))
   else:  # the task's model, batch transform and loss, as train.py builds them
-    task, tokenizer = tasks.get(config.task), dataset.tokenizer
-    trainer = train.Trainer(
-        config,
-        config_lib.run_model_config(config, tokenizer),
-        None,
-        task.constraint(config, tokenizer),
-        task.batch_transform(config, tokenizer),
-        task.interchangeable_tokens(config, tokenizer),
-    )
+    trainer = train.Trainer.for_task(config, tasks.get(config.task), dataset.tokenizer)
   model_config = trainer.model_config
   if dataset is None:
     host_batch = synthetic_batch(_BATCH_SIZE.value, _SEQ_LEN.value, vocab_size)

@@ -127,7 +127,6 @@ def chart(config):
   and data, no decoder; a span chart scores every span's label and every word's tag, and CKY
   finds the best tree (parsing.decoder; docs/parsing.md). One sentence per row: no packing."""
   config.parsing.decoder = "chart"
-  config.parsing.chart_loss = "tree"
   config.data.packing = False
   config.data.packed_source_len = 0
   config.data.tokens_per_batch = 1024  # source tokens: ~40 sentences of the 32-token bucket

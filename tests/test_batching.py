@@ -453,7 +453,7 @@ def check_features_follow_their_ids(inputs, width):
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_sources_with_features_batch_as_their_ids_do(examples, packing):
-  """Sources given as [n, 1 + C] arrays (model/config.py source_chars): the same batches as the
+  """Sources given as [n, 1 + C] arrays (a token's columns, batching.py): the same batches as the
   ids alone, with inputs [B, L, 1 + C] whose first column is the ids' inputs and whose features
   go with their tokens (none on EOS and PAD); the other keys are unchanged."""
   kwargs = dict(packing=packing, tokens_per_batch=256 if packing else 512)

@@ -72,25 +72,3 @@ def test_throughput_times_the_first_batch_as_training_reads_it_packed(tmp_path):
   # target tokens than one pair per row could give, ~tokens_per_batch positions in all.
   assert source_len == target_len == 32 and rows == 256 // 32
   assert r["target_tokens_per_step"] > 0.8 * rows * 32
-
-
-def test_spelling_flops_are_six_times_its_kernels_per_source_token():
-  """A model reading spellings (source_chars C) counts its FFN as the rest: 2 FLOPs per
-  multiply-add, 3 passes, over every source position."""
-  sys.path.insert(0, str(REPO / "benchmarks"))
-  import throughput
-
-  from transformer_jax.model.config import TransformerConfig
-
-  # d_model 48, not the characters' 32-wide embeddings (CHAR_DIM): the two cannot be confused.
-  cfg = TransformerConfig(vocab_size=100, d_model=48, num_heads=4, num_layers=2, d_ff=64)
-  spelled = cfg.replace(source_chars=8)
-  extra = throughput.model_flops_per_step(spelled, 4, 10, 12) - throughput.model_flops_per_step(
-      cfg, 4, 10, 12
-  )
-  kernels = 8 * 32 * 64 + 64 * 48  # wi [C*32, f] and wo [f, e]
-  assert extra == 6 * 4 * 10 * kernels
-  # Affixes are a sum of embeddings: no multiply-add beyond the model without them.
-  affixed = cfg.replace(source_chars=8, source_affixes=True)
-  flops = throughput.model_flops_per_step
-  assert flops(affixed, 4, 10, 12) == flops(cfg, 4, 10, 12)

@@ -1,9 +1,11 @@
-"""The span chart parser (tasks/parsing/chart.py, model SpanChart, losses.chart_*): trees as
+"""The span chart parser (tasks/parsing/chart.py; its model and loss, chart_model.py): trees as
 labeled spans and back, CKY against every binary bracketing, targets against the spans, the
-loss against its formula, and a run's parses read back as trees."""
+loss against its formula, the model's parameters and padding, and a run's parses read back as
+trees."""
 
 import itertools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,9 +13,7 @@ import pytest
 from testing import PTB as TWO_TREES
 
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.transformer import Transformer
-from transformer_jax.tasks.parsing import chart, trees
-from transformer_jax.training import losses
+from transformer_jax.tasks.parsing import chart, chart_model, trees
 
 PTB = TWO_TREES + """
 ( (NP (NNP Pierre) (NNP Vinken)) (, ,) (ADJP (JJ old)) )
@@ -111,12 +111,12 @@ def test_targets_give_the_loss_every_span_of_the_tree():
   label_index = {label: i for i, label in enumerate(labels)}
   tag_index = {tag: i for i, tag in enumerate(tags)}
   width = 12
-  batch = np.zeros((len(tree_list), width, losses.CHART_COLUMNS), np.int32)
+  batch = np.zeros((len(tree_list), width, chart_model.CHART_COLUMNS), np.int32)
   for row, tree in enumerate(tree_list):
     rows = chart.targets(tree, label_index, tag_index)
     batch[row, : len(rows)] = rows
     batch[row, len(rows), 0] = 1  # EOS, as batching writes it
-  spans, tags_out, valid = jax.device_get(losses.chart_gold(jnp.asarray(batch), width))
+  spans, tags_out, valid = jax.device_get(chart_model.chart_gold(jnp.asarray(batch), width))
   for row, tree in enumerate(tree_list):
     n = len(tree.words())
     expected = np.zeros((width, width), np.int32)  # [i, j]: the span of words i..j
@@ -126,23 +126,25 @@ def test_targets_give_the_loss_every_span_of_the_tree():
     assert [tags[t] for t in tags_out[row, :n]] == [t for _, t in tree.tagged_words()]
 
 
-def test_chart_loss_is_each_span_and_tag_cross_entropy_summed():
+def test_chart_loss_is_each_tag_cross_entropy_plus_the_tree_cross_entropy():
+  """With every span logit 0 each labeled binary tree is as likely as any other: the tree's part
+  is log(#binary bracketings × L^(2n - 1)) per sentence, whatever its gold tree, and the rest is
+  each tag's cross entropy; `chart_loss` reports those sums, the tags' hits and the word count."""
   rng = np.random.default_rng(0)
   b, s, num_labels, num_tags = 2, 4, 3, 5
-  spans = rng.normal(size=(b, s, s, num_labels)).astype(np.float32)
+  spans = np.zeros((b, s, s, num_labels), np.float32)
   tag_logits = rng.normal(size=(b, s, num_tags)).astype(np.float32)
   lengths = [3, 2]
-  targets = np.zeros((b, s, losses.CHART_COLUMNS), np.int32)
-  gold = np.zeros((b, s, s), np.int32)
+  targets = np.zeros((b, s, chart_model.CHART_COLUMNS), np.int32)
   gold_tags = rng.integers(0, num_tags, size=(b, s))
   for row, n in enumerate(lengths):
-    targets[row, :n, 0] = gold_tags[row, :n] + losses.CHART_TAG_OFFSET
+    targets[row, :n, 0] = gold_tags[row, :n] + chart_model.CHART_TAG_OFFSET
     targets[row, n, 0] = 1  # EOS
   targets[0, 1, 1] = 2  # the span of word 1 alone: label 2
-  gold[0, 1, 1] = 2
   targets[0, 0, 2:] = (1, 0, 2)  # the span of words 0..2, its first part ending at word 0
-  gold[0, 0, 2] = 1
-  nll, correct, count = losses.chart_cross_entropy(
+  targets[0, 1, 2:] = (0, 1, 2)  # its binarization's node over words 1..2, EMPTY
+  targets[1, 0, 2:] = (2, 0, 1)  # the span of words 0..1
+  nll, correct, count = chart_model.tree_cross_entropy(
       jnp.asarray(spans), jnp.asarray(tag_logits), jnp.asarray(targets)
   )
 
@@ -152,28 +154,65 @@ def test_chart_loss_is_each_span_and_tag_cross_entropy_summed():
 
   expected, hits = 0.0, 0
   for row, n in enumerate(lengths):
+    bracketings = len(list(binary_bracketings(0, n)))
+    expected += np.log(bracketings) + (2 * n - 1) * np.log(num_labels)
     for i in range(n):
-      for j in range(i, n):
-        expected -= log_softmax(spans[row, i, j])[gold[row, i, j]]
       expected -= log_softmax(tag_logits[row, i])[gold_tags[row, i]]
       hits += int(tag_logits[row, i].argmax() == gold_tags[row, i])
   assert float(nll) == pytest.approx(expected, rel=1e-5)
   assert int(correct) == hits and float(count) == sum(lengths)
+  loss_sum, metrics = chart_model.chart_loss(
+      (jnp.asarray(spans), jnp.asarray(tag_logits)), {"targets": jnp.asarray(targets)}
+  )
+  assert float(loss_sum) == float(metrics["loss_sum"]) == float(metrics["nll_sum"]) == float(nll)
+  assert int(metrics["correct_sum"]) == hits and float(metrics["weight_sum"]) == sum(lengths)
+
+
+def _chart_config(**kwargs) -> TransformerConfig:
+  return TransformerConfig(
+      **{"vocab_size": 30, "d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 32, **kwargs}
+  )
+
+
+def test_chart_parser_keeps_the_parameter_names_of_the_old_chart_model():
+  """ChartParser's tree is the one the Transformer with a span chart had (source_embedding,
+  encoder, chart, then the chart's layers), so the chart runs saved before it still restore;
+  its embedding and encoder are the paper's Transformer's, shape for shape."""
+  from flax.traverse_util import flatten_dict
+
+  from transformer_jax.model.transformer import Transformer
+
+  cfg = _chart_config(share_embeddings=False)
+  model = chart_model.ChartParser(cfg, labels=4, tags=3, hidden=8)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), cfg.dummy_inputs())
+  params = nn.unbox(shapes)["params"]
+  assert set(params) == {"source_embedding", "encoder", "chart"}
+  assert set(params["chart"]) == {
+      "span_first", "span_last", "span_norm", "span_labels", "tag_hidden", "tag_norm",
+      "tag_labels",
+  }  # fmt: skip
+  assert params["chart"]["span_labels"]["kernel"].shape == (8, 4)
+  assert params["chart"]["tag_labels"]["kernel"].shape == (8, 3)
+  assert "bias" not in params["chart"]["span_last"]  # the span's bias is span_first's
+  dummy = cfg.dummy_inputs()
+  paper = jax.eval_shape(Transformer(cfg).init, jax.random.PRNGKey(0), dummy, dummy)
+  paper = nn.unbox(paper)["params"]
+  for name in ("source_embedding", "encoder"):
+    assert jax.tree.map(lambda x: x.shape, flatten_dict(params[name])) == jax.tree.map(
+        lambda x: x.shape, flatten_dict(paper[name])
+    )
 
 
 def test_span_chart_reads_each_sentence_alone():
   """Padding and the other rows change nothing of a sentence's span and tag scores."""
-  cfg = TransformerConfig(
-      vocab_size=30, d_model=16, num_heads=2, num_layers=1, d_ff=32, chart_labels=4,
-      chart_tags=3, chart_hidden=8, deterministic=True,
-  )  # fmt: skip
-  model = Transformer(cfg)
+  model = chart_model.ChartParser(_chart_config(deterministic=True), labels=4, tags=3, hidden=8)
   inputs = np.array([[5, 6, 7, 1, 0, 0], [8, 9, 1, 0, 0, 0]], np.int32)
-  params = model.init(jax.random.PRNGKey(0), inputs, None)["params"]
+  params = model.init(jax.random.PRNGKey(0), inputs)["params"]
   assert "decoder" not in params
-  spans, tags = model.apply({"params": params}, inputs, None)
+  spans, tags = model.apply({"params": params}, inputs)
   assert spans.shape == (2, 6, 6, 4) and tags.shape == (2, 6, 3)
-  alone, alone_tags = model.apply({"params": params}, inputs[1:, :3], None)
+  assert spans.dtype == tags.dtype == jnp.float32
+  alone, alone_tags = model.apply({"params": params}, inputs[1:, :3])
   np.testing.assert_allclose(spans[1, :3, :3], alone[0], atol=1e-5)
   np.testing.assert_allclose(tags[1, :3], alone_tags[0], atol=1e-5)
 
@@ -201,18 +240,17 @@ def test_chart_search_writes_trees_over_the_input_words(order, words):
   sentence_words = sorted({w for t in tree_list for w in t.words()})
   tokenizer = WordTokenizer(vocabulary + sentence_words)
   labels, tags = chart.classes(tokenizer.words)
-  cfg = TransformerConfig(
-      vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2, num_layers=1, d_ff=32,
-      chart_labels=len(labels), chart_tags=len(tags), chart_hidden=8,
-  )  # fmt: skip
-  params = Transformer(cfg).init(jax.random.PRNGKey(1), cfg.dummy_inputs(), None)["params"]
+  cfg = _chart_config(vocab_size=tokenizer.vocab_size)
+  model = chart_model.ChartParser(cfg, labels=len(labels), tags=len(tags), hidden=8)
+  params = model.init(jax.random.PRNGKey(1), cfg.dummy_inputs())["params"]
   form = trees.Linearization("labeled", words, order)
-  search = chart.ChartSearch(cfg, tokenizer, form)
+  search = chart.ChartSearch(model, tokenizer, form)
+  assert search.model.config.deterministic and not model.config.deterministic
   sentences = [t.words() for t in tree_list]
   sources = [tokenizer.encode(" ".join(s)) for s in sentences]
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
   with jax.set_mesh(mesh):
-    outputs = inference.translate_sources(
+    outputs = inference.decode_sources(
         search, params, sources, (8, 16), mesh, beam_size=4, alpha=0.6, batch_tokens=32
     )
   for tokens, sentence in zip(outputs, sentences):
@@ -232,17 +270,17 @@ def test_log_partition_sums_over_every_binary_tree():
   rng = np.random.default_rng(1)
   scores = rng.normal(size=(4, 7, 7)).astype(np.float32)
   lengths = np.array([7, 4, 1, 2])
-  got = jax.jit(losses.chart_log_partition)(jnp.asarray(scores), jnp.asarray(lengths))
+  got = jax.jit(chart_model.log_partition)(jnp.asarray(scores), jnp.asarray(lengths))
   expected = [brute_log_partition(scores[r], n) for r, n in enumerate(lengths)]
   np.testing.assert_allclose(got, expected, rtol=1e-5)
   # Its gradient: each span's probability of being in the tree; 2n - 1 spans per tree.
-  grads = jax.grad(lambda s: losses.chart_log_partition(s, jnp.asarray(lengths)).sum())(scores)
+  grads = jax.grad(lambda s: chart_model.log_partition(s, jnp.asarray(lengths)).sum())(scores)
   np.testing.assert_allclose(grads.sum(axis=(1, 2)), 2 * lengths - 1, rtol=1e-5)
 
 
 def test_tree_loss_is_the_gold_binary_tree_negative_log_probability():
-  """chart_loss "tree": -log P(the gold tree's binarization, labeled) over every binary tree with
-  every labeling, by enumeration; the targets' splits and words are that binarization."""
+  """tree_cross_entropy: -log P(the gold tree's binarization, labeled) over every binary tree
+  with every labeling, by enumeration; the targets' splits and words are that binarization."""
   tree_list = sample_trees()
   labels = chart.labels_of(tree_list)
   label_index = {label: i for i, label in enumerate(labels)}
@@ -251,13 +289,13 @@ def test_tree_loss_is_the_gold_binary_tree_negative_log_probability():
   for tree in tree_list[1:]:  # the first is too long to enumerate quickly
     n = len(tree.words())
     rows = chart.targets(tree, label_index, tag_index)
-    batch = np.zeros((1, n + 1, losses.CHART_COLUMNS), np.int32)
+    batch = np.zeros((1, n + 1, chart_model.CHART_COLUMNS), np.int32)
     batch[0, :n] = rows
     batch[0, n, 0] = 1  # EOS
     spans = rng.normal(size=(1, n + 1, n + 1, len(labels))).astype(np.float32)
     tags = np.zeros((1, n + 1, len(tag_index)), np.float32)
-    nll, _, _ = losses.chart_cross_entropy(
-        jnp.asarray(spans), jnp.asarray(tags), jnp.asarray(batch), "tree"
+    nll, _, _ = chart_model.tree_cross_entropy(
+        jnp.asarray(spans), jnp.asarray(tags), jnp.asarray(batch)
     )
     binary = {(k, k + 1): rows[k, 1] for k in range(n)}
     binary.update({(rows[k, 3], rows[k, 4] + 1): rows[k, 2] for k in range(n - 1)})

@@ -27,31 +27,19 @@ def source(seed):
   return inputs
 
 
-def with_spelling(inputs, chars, seed=2):
-  """inputs [b, s] -> [b, s, 1 + chars]: each token's id and random character ids (none on
-  PAD), as model/config.py's source_chars reads them; inputs themselves for chars 0."""
-  if not chars:
-    return inputs
-  spelling = np.random.default_rng(seed).integers(1, 256, size=inputs.shape + (chars,))
-  spelling[inputs == PAD_ID] = 0
-  return np.concatenate([inputs[..., None], spelling], axis=-1).astype(np.int32)
-
-
 @pytest.mark.parametrize(
     "variant",
     [
         {"norm_position": "post"},
         {"norm_position": "pre"},
         {"key_dim": 4, "value_dim": 12},
-        {"source_chars": 4},
     ],
-    # d_k != d_v: Table 3 row (B)'s caches; source_chars: inputs [b, s, 1 + 4] (ids, spellings)
-    ids=["post", "pre", "dk4_dv12", "spelling"],
+    ids=["post", "pre", "dk4_dv12"],  # d_k != d_v: Table 3 row (B)'s caches
 )
 def test_cached_decoding_equals_full_forward(variant):
   config = CONFIG.replace(**variant)
   params = random_params(config)
-  inputs = with_spelling(source(0), config.source_chars)
+  inputs = source(0)
   rng = np.random.default_rng(1)
   decoder_inputs = rng.integers(3, 40, size=(BATCH, TARGET_LEN)).astype(np.int32)  # no padding
   decoder_inputs[:, 0] = BOS_ID

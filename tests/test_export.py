@@ -272,10 +272,7 @@ def test_d_k_different_from_d_v_is_refused_naming_the_variant(vocab_file, tmp_pa
 @pytest.mark.parametrize(
     "fields, message",
     [
-        (dict(output_tokens=5), "output_tokens.*cannot be exported"),  # ids 0-4, one for the rest
-        (dict(source_chars=4), "source_chars.*cannot be exported"),  # 4 characters per token
         (dict(relative_positions=4), "relative_positions=4.*cannot be"),
-        (dict(chart_labels=5, chart_tags=3), "span chart.*cannot be exported"),  # no decoder
     ],
 )
 def test_a_model_ctranslate2_has_no_place_for_is_refused(fields, message, vocab_file, tmp_path):
@@ -397,14 +394,14 @@ def check_exported_run(workdir, output, config, beam_bleu_gap: float | None = No
         out[i] = " ".join(r.hypotheses[0])
     return out
 
-  ours = run.translate_ids(sources, beam_size=1)
+  ours = run.decode_ids(sources, beam_size=1)
   theirs = ctranslate2_outputs(beam_size=1)
   different = [i for i in range(len(pairs)) if ours[i] != theirs[i]]
   assert not different, f"{len(different)} of 200 greedy translations differ: {different[:5]}"
   result = {"greedy_identical": len(pairs) - len(different)}
   if beam_bleu_gap is not None:
     references = [t for _, t in pairs]
-    ours = run.translate_ids(sources, beam_size=4, alpha=0.6)
+    ours = run.decode_ids(sources, beam_size=4, alpha=0.6)
     theirs = ctranslate2_outputs(beam_size=4, length_penalty=1.0)
     result["beam4_bleu"] = [sacrebleu.corpus_bleu(h, [references]).score for h in (ours, theirs)]
     result["beam4_identical"] = sum(a == b for a, b in zip(ours, theirs))

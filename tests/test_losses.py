@@ -5,8 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.training import losses
-from transformer_jax.training.losses import label_smoothed_cross_entropy, token_accuracy
+from transformer_jax.training.losses import (
+    label_smoothed_cross_entropy,
+    sequence_loss,
+    token_accuracy,
+)
 
 V = 5  # vocabulary
 
@@ -87,8 +90,6 @@ def test_token_accuracy_counts_non_pad_hits():
 def test_gradient_is_softmax_minus_smoothed_target(dtype):
   """d loss / d logits = weight · (softmax(logits) − q), the closed form of §5.4's smoothed cross
   entropy; checked in float32 and for bfloat16 logits (the mixed-precision path)."""
-  import jax
-  import jax.numpy as jnp
 
   eps = 0.1
   logits, targets, weights = example(3)
@@ -104,57 +105,19 @@ def test_gradient_is_softmax_minus_smoothed_target(dtype):
   np.testing.assert_allclose(np.asarray(grad, np.float64), expected, atol=tol)
 
 
-@pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_word_set_scores_a_word_target_as_any_word(eps):
-  """train.word_loss="any": where the target is in the set, p_target is Σ_{w in set} p_w."""
-  logits, targets, weights = example(1)
-  word_set = np.array([False, False, True, True, True])  # ids 2, 3, 4 are words
-  loss, nll, weight = label_smoothed_cross_entropy(logits, targets, weights, eps, word_set)
-  expected_loss = expected_nll = 0.0
-  for b in range(2):
-    for t in range(3):
-      log_p = logits[b, t].astype(np.float64) - np.log(np.sum(np.exp(logits[b, t])))
-      target = targets[b, t]
-      log_target = np.log(np.sum(np.exp(log_p[word_set]))) if word_set[target] else log_p[target]
-      q = np.full(V, eps / (V - 1))
-      q[target] = 1.0 - eps
-      entropy = -sum(qv * np.log(qv) for qv in q if qv > 0)
-      # −Σ_v q_v log p_v with log p_target replaced by the set's log-probability.
-      cross = -(eps / (V - 1)) * (np.sum(log_p) - log_p[target]) - (1.0 - eps) * log_target
-      expected_loss += weights[b, t] * (cross - entropy)
-      expected_nll += weights[b, t] * -log_target
-  np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
-  np.testing.assert_allclose(nll, expected_nll, rtol=1e-5)
-  assert float(weight) == 5.0
-  # Word targets lose less than their exact-token loss; the others are unchanged.
-  _, exact_nll, _ = label_smoothed_cross_entropy(logits, targets, weights, eps)
-  assert float(nll) < float(exact_nll)
-
-
-def test_token_accuracy_with_a_word_set_counts_any_word_at_a_word():
-  logits = np.zeros((1, 3, V), np.float32)
-  logits[0, 0, 3] = logits[0, 1, 1] = logits[0, 2, 4] = 5.0  # predicts 3, 1, 4
-  targets = np.array([[4, 0, 4]])
-  weights = np.ones((1, 3), np.float32)
-  word_set = np.array([False, False, True, True, True])
-  assert float(token_accuracy(logits, targets, weights)) == 1.0  # only position 2
-  # Position 0: target word 4, predicted word 3: right; position 1: not a word target.
-  assert float(token_accuracy(logits, targets, weights, word_set)) == 2.0
-
-
-def test_output_targets_map_ids_to_the_models_outputs():
-  """TransformerConfig.output_tokens N: ids below N are their own outputs, later ids and those
-  of the set are output N; the loss over N + 1 outputs is then -log p of that output."""
-  targets = jnp.array([[0, 1, 4, 5, 9, 3]])
-  words = np.zeros(12, bool)
-  words[[3, 5, 6, 7, 8, 9, 10, 11]] = True
-  np.testing.assert_array_equal(losses.output_targets(targets, 5), [[0, 1, 4, 5, 5, 3]])
-  np.testing.assert_array_equal(losses.output_targets(targets, 5, words), [[0, 1, 4, 5, 5, 5]])
-  logits = jax.random.normal(jax.random.key(0), (1, 6, 6))
-  mapped = losses.output_targets(targets, 5, words)
-  weights = (targets != 0).astype(jnp.float32)
-  _, nll, count = losses.label_smoothed_cross_entropy(logits, mapped, weights, 0.0)
-  log_p = jax.nn.log_softmax(logits)
-  expected = -sum(float(log_p[0, i, j]) for i, j in enumerate([0, 1, 4, 5, 5, 5]) if i)
-  np.testing.assert_allclose(nll, expected, rtol=1e-5)
-  assert float(count) == 5
+def test_sequence_loss_is_the_smoothed_loss_of_the_batchs_non_pad_targets():
+  """losses.sequence_loss (every task's default, tasks/base.py Task.loss): the label-smoothed sum
+  over the targets that are not PAD, and its metric sums, from `batch["targets"]` alone."""
+  logits, targets, _ = example()
+  targets = np.asarray(targets).copy()
+  targets[0, -2:] = 0  # PAD
+  weights = (targets != 0).astype(np.float32)
+  assert weights.sum() == 4
+  loss_sum, metrics = sequence_loss(logits, {"targets": jnp.asarray(targets)}, 0.1)
+  expected, _ = hand_loss(np.asarray(logits), targets, weights, 0.1)
+  np.testing.assert_allclose(loss_sum, expected, rtol=1e-5)
+  assert float(metrics["loss_sum"]) == float(loss_sum)
+  assert float(metrics["weight_sum"]) == weights.sum()
+  assert float(metrics["correct_sum"]) == float(
+      token_accuracy(logits, jnp.asarray(targets), jnp.asarray(weights))
+  )

@@ -153,18 +153,16 @@ def _parse(workdir, text: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
-  """A tiny model trained for a minute on a few articles (with word dropout, "any word" scoring and
-  spellings): results.json has EVALB's figures, the compiled EVALB agrees on test_trees.mrg /
-  test_gold.mrg, and the parse command writes one tree per input line over exactly the input's
-  words."""
+  """A tiny model trained for a minute on a few articles (with word dropout): results.json has
+  EVALB's figures, the compiled EVALB agrees on test_trees.mrg / test_gold.mrg, tune_decoding
+  chooses the search on validation F1, and the parse command writes one tree per input line over
+  exactly the input's words."""
   import jax
 
   from transformer_jax.training import train
 
   config = _tiny_sample_config(shared_data)
   config.parsing.word_dropout = 0.1  # trained through the whole run (ptb.drop_words)
-  config.parsing.word_loss = "any"  # likewise (training/losses.py)
-  config.parsing.word_chars = 2  # spellings through training, evaluation, saved programs, Parser
   workdir = tmp_path / "run"
   results = train.run(config, str(workdir), devices=jax.devices()[:1])
   for key in ("test_f1", "test_precision", "test_recall", "test_complete_match", "test_repaired"):
@@ -193,16 +191,22 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
     f1 = f"{results['test_f1']:6.2f}" if matched else "  -nan"
     assert f"Bracketing FMeasure       = {f1}" in report, report
 
-  # tune_decoding chooses beam and α on validation F1 for a parsing run.
+  # tune_decoding chooses beam and α on validation F1 for a parsing run, with and without the
+  # tree constraint (--try parsing.tree_constraints=false,true).
   from transformer_jax import tune_decoding
 
-  tuned = tune_decoding.tune(str(workdir), [0.3, 1.0], [1, 2], tree_constraints=[False, True])
+  key = "parsing.tree_constraints"
+  assert tune_decoding.parse_try(f"{key}=false,true") == (key, [False, True])
+  tuned = tune_decoding.tune(str(workdir), [0.3, 1.0], [1, 2], values=(key, [False, True]))
   assert len(tuned["sweep"]) == 8 and all("valid_f1" in r for r in tuned["sweep"])
-  chosen = (tuned["best_tree_constraints"], tuned["best_beam_size"], tuned["best_alpha"])
-  scores = {(r["tree_constraints"], r["beam_size"], r["alpha"]): r for r in tuned["sweep"]}
+  chosen = (tuned[f"best_{key}"], tuned["best_beam_size"], tuned["best_alpha"])
+  scores = {(r[key], r["beam_size"], r["alpha"]): r for r in tuned["sweep"]}
   assert scores[chosen]["valid_f1"] == max(r["valid_f1"] for r in tuned["sweep"])
-  assert all(r["valid_repaired"] == 0 for r in tuned["sweep"] if r["tree_constraints"])
+  assert all(r["valid_repaired"] == 0 for r in tuned["sweep"] if r[key])
   assert "test_f1" in tuned and (workdir / "test_trees.tuned.mrg").is_file()
+  tuned_trees = evalb.read_lines(str(workdir / "test_trees.tuned.mrg"))
+  assert len(tuned_trees) == tuned["test_sentences"] == results["test_sentences"]
+  assert evalb.read_lines(str(workdir / "test_trees.mrg")) == predicted  # the run's own, kept
 
   # The GPU script's parse row (benchmarks/parse.py, here on the CPU): the validation sentences
   # parsed from their words at each width, with the F1 tune_decoding found for the same search.
@@ -310,34 +314,21 @@ def _train_and_parse(config, workdir) -> list[str]:
 
 
 @pytest.mark.slow
-def test_one_output_for_every_word_trains_evaluates_and_parses(shared_data, tmp_path):
-  """parsing.word_output="one": the output layer scores the tree tokens and one output for the
-  words; a tiny run trains, evaluates and parses over exactly the input's words, and the parse
-  command refuses to decode it without the constraint, in one line."""
-  config = _tiny_sample_config(shared_data)
-  config.parsing.word_output = "one"
-  workdir = tmp_path / "run"
-  _train_and_parse(config, workdir)
-  proc = _parse(workdir, TWO_SENTENCES, "--notree_constraints")
-  lines = proc.stderr.decode().strip().splitlines()
-  assert proc.returncode != 0 and len(lines) == 1, lines
-  assert "parsing.word_output" in lines[0] and "tree_constraints=True" in lines[0]
-
-
-@pytest.mark.slow
 def test_a_span_chart_trains_evaluates_and_parses(shared_data, tmp_path):
-  """configs/parsing_sample.py:chart made tiny (its relative positions kept), reading affixes: no
-  decoder; the run evaluates with EVALB, its parses read back with no repair, and the parse
-  command and `Parser` give the same trees over exactly the input's words, whatever beam they are
-  asked for."""
+  """configs/parsing_sample.py:chart made tiny (its relative positions kept): the task's own model
+  (ChartParser, no decoder) and loss (the tree's); the run evaluates with EVALB, its parses read
+  back with no repair, and the parse command and `Parser` give the same trees over exactly the
+  input's words, whatever beam they are asked for."""
+  from transformer_jax.tasks.parsing import chart_model
   from transformer_jax.tasks.parsing.parser import Parser
 
   config = _tiny_sample_config(shared_data)
   parsing_sample.chart(config)
   assert config.model.relative_positions > 0  # through training, evaluation, saved programs
-  config.parsing.word_affixes = 2  # through training, evaluation, saved programs, Parser
   config.eval.num_sentences = 8
   workdir = tmp_path / "run"
   lines = _train_and_parse(config, workdir)
   parser = Parser.load(str(workdir))
+  assert isinstance(parser.run.model, chart_model.ChartParser)
+  assert set(parser.run.params) == {"source_embedding", "encoder", "chart"}
   assert parser.parse_strings(TWO_SENTENCES.splitlines(), beam_size=4) == lines

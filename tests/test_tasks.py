@@ -95,7 +95,7 @@ def test_a_config_json_written_before_tasks_loads_into_the_sections(kind, tmp_pa
   config = config_lib.from_saved(saved)
   config_lib.validate(config)
   assert config.task == kind and tasks.saved_task(saved) == kind
-  for section, key in config_lib.LEGACY_PARSING_KEYS:
+  for section, key in tasks.LEGACY_KEYS:
     assert key not in config[section]
   if kind == "parsing":
     assert config.parsing.to_dict() == {
@@ -104,14 +104,9 @@ def test_a_config_json_written_before_tasks_loads_into_the_sections(kind, tmp_pa
         "tree_order": "in_order",
         "suffix_letters": 2,  # a key added since: its default
         "word_dropout": 0.0,
-        "word_chars": 0,  # a key added since: its default
-        "word_affixes": 0,  # a key added since: its default
-        "word_loss": "exact",
-        "word_output": "vocabulary",  # a key added since: its default
         "tree_constraints": True,
         "decoder": "sequence",  # keys added since: their defaults
         "chart_hidden": 256,
-        "chart_loss": "spans",
     }
     assert config.model.d_model == 128 and config.data.packed_source_len == 96
   else:

@@ -18,10 +18,12 @@ import sacrebleu
 from testing import tiny_train_config
 
 from transformer_jax import config as config_lib
-from transformer_jax import errors
+from transformer_jax import errors, tasks
 from transformer_jax.data import batching, pipeline
 from transformer_jax.runs import checkpoint
 from transformer_jax.training import train
+
+TRANSLATION = tasks.get("translation")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -423,9 +425,11 @@ def test_sigterm_checkpoints_the_next_step_and_the_rerun_resumes_exactly(tmp_pat
 def test_resume_with_a_different_model_is_refused(tmp_path):
   config = tiny_config(num_steps=1)
   workdir = str(tmp_path)
-  train._check_workdir_config(workdir, config)  # what run() does first: writes config.json
+  train._check_workdir_config(
+      workdir, config, TRANSLATION
+  )  # what run() does first: writes config.json
   config.train.num_steps = 10  # a longer schedule for the same model is fine
-  train._check_workdir_config(workdir, config)
+  train._check_workdir_config(workdir, config, TRANSLATION)
   config.model.d_model = 64
   with pytest.raises(config_lib.ConfigError, match="d_model"):
     train.run(config, workdir, devices=jax.devices()[:1])
@@ -444,7 +448,7 @@ def test_resume_with_a_different_model_is_refused(tmp_path):
         ("train.label_smoothing", 1.0, "train.label_smoothing"),
         ("model.key_dim", -4, "key_dim=-4"),
         ("model.relative_positions", -2, "relative_positions=-2"),
-        ("model.positional", "none", "positional='none' leaves the model no order"),
+        ("model.positional", "none", "positional='none'; expected 'sinusoidal' or 'learned'"),
     ],
 )
 def test_bad_config_values_fail_naming_the_key(key, value, expected):
@@ -462,8 +466,8 @@ def test_a_model_key_the_model_lacks_fails_naming_it():
   with pytest.raises(config_lib.ConfigError, match=r"config\.model\.num_layerz"):
     config_lib.validate(config)
   del config.model["num_layerz"]
-  config.model.output_tokens = 8  # the task's, from the vocabulary: not a key to set
-  with pytest.raises(config_lib.ConfigError, match=r"config\.model\.output_tokens.*task"):
+  config.model.vocab_size = 8  # the run's data's, not a key to set
+  with pytest.raises(config_lib.ConfigError, match=r"config\.model\.vocab_size.*data"):
     config_lib.validate(config)
 
 
@@ -478,10 +482,10 @@ def test_a_saved_config_loads_on_todays_defaults_and_its_run_resumes(tmp_path):
   assert loaded.to_dict() == config.to_dict()
   config_lib.validate(loaded)
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  train._check_workdir_config(str(tmp_path), config)  # the same model: resumes
+  train._check_workdir_config(str(tmp_path), config, TRANSLATION)  # the same model: resumes
   config.model.key_dim = 4
   with pytest.raises(config_lib.ConfigError, match="key_dim"):
-    train._check_workdir_config(str(tmp_path), config)
+    train._check_workdir_config(str(tmp_path), config, TRANSLATION)
 
 
 def _train_py(workdir, *overrides):

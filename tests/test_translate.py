@@ -78,7 +78,7 @@ def test_default_checkpoint_is_what_the_final_evaluation_used(trained_run, tmp_p
     inference.load_run(str(workdir), "best")
 
 
-def test_translate_lines_keeps_order_empty_lines_and_truncates(trained_run, caplog):
+def test_decode_lines_keeps_order_empty_lines_and_truncates(trained_run, caplog):
   workdir, _ = trained_run
   run = inference.load_run(str(workdir), "latest", beam_size=1)
   assert run.checkpoint == "step 4"
@@ -86,11 +86,11 @@ def test_translate_lines_keeps_order_empty_lines_and_truncates(trained_run, capl
   words = run.tokenizer.decode(list(range(4, 30))).split()
   long_line = " ".join(words * 3)  # longer than data.max_len tokens
   lines = ["", " ".join(words[:5]), long_line, "", " ".join(words[5:8])]
-  out = run.translate_lines(lines)
+  out = run.decode_lines(lines)
   assert len(out) == len(lines) and out[0] == "" and out[3] == ""
   assert "line 3 has" in caplog.text
   # Same sentence alone or among others: same translation (order is restored after bucketing).
-  assert run.translate_lines([lines[4]]) == [out[4]]
+  assert run.decode_lines([lines[4]]) == [out[4]]
   assert train_pairs  # the run wrote its test translations
 
 
@@ -109,8 +109,8 @@ def test_translations_do_not_depend_on_the_references(trained_run):
   assert trainer.decode(run.params, [(s, []) for s in sources], buckets, run.tokenizer) == out
   # The library's batching (sorted by length, sized by tokens; one batch here, padded to the
   # same length) translates them the same.
-  assert run.translate_ids(sources) == out
-  assert run.translate_ids(sources, batch_tokens=8) == out  # the fewest rows: 8 devices
+  assert run.decode_ids(sources) == out
+  assert run.decode_ids(sources, batch_tokens=8) == out  # the fewest rows: 8 devices
 
 
 def test_the_final_evaluation_translates_as_translate_does(trained_run, monkeypatch):
@@ -118,9 +118,9 @@ def test_the_final_evaluation_translates_as_translate_does(trained_run, monkeypa
   same translations, the same score (the run averaged its checkpoints; "auto" loads that)."""
   workdir, results = trained_run
   calls = []
-  original = inference.translate_sources
+  original = inference.decode_sources
   monkeypatch.setattr(
-      inference, "translate_sources", lambda *a, **k: calls.append(k) or original(*a, **k)
+      inference, "decode_sources", lambda *a, **k: calls.append(k) or original(*a, **k)
   )
   # Another test re-averages this run's checkpoints; put back the average the run evaluated.
   assert average.average_workdir(str(workdir), 2) == [3, 4]
@@ -128,7 +128,7 @@ def test_the_final_evaluation_translates_as_translate_does(trained_run, monkeypa
   assert run.checkpoint == results["parameters"] == "average of steps [3, 4]"
   dataset = inference.pipeline.load_dataset(run.config, str(workdir))
   test = dataset.splits["test"]
-  hypotheses = run.translate_ids([s for s, _ in test.examples])
+  hypotheses = run.decode_ids([s for s, _ in test.examples])
   assert calls and calls[-1]["beam_size"] == 2 == run.config.eval.beam_size
   assert hypotheses == (workdir / "test_translations.txt").read_text().splitlines()
   corpus_bleu = bleu.corpus_bleu(hypotheses, [t for _, t in test.pairs])
@@ -148,8 +148,8 @@ def test_a_sentence_translates_the_same_alone_as_in_a_batch(trained_run):
   sources = [list(range(4, 4 + n)) for n in (1, 12, 2, 7, 3)]
   limits = [len(s) + 1 + run.config.eval.max_decode_extra for s in sources]
   for beam in (1, 2):
-    together = run.translate_ids(sources, beam_size=beam)
-    alone = [run.translate_ids([s], beam_size=beam)[0] for s in sources]
+    together = run.decode_ids(sources, beam_size=beam)
+    alone = [run.decode_ids([s], beam_size=beam)[0] for s in sources]
     assert alone == together, beam
     lengths = [len(run.tokenizer.encode(h)) for h in together]
     assert all(n <= limit for n, limit in zip(lengths, limits))
@@ -167,7 +167,7 @@ def test_shapes_override_the_runs_eval_shapes(trained_run):
 
 
 def test_auto_shapes_follow_the_calls_sentences_not_its_batch_rows(trained_run, monkeypatch):
-  # translate_sources tells the search how many sentences the whole call has: "auto" decodes a
+  # decode_sources tells the search how many sentences the whole call has: "auto" decodes a
   # call of 2 sentences (in one batch of many more rows) in "few", a call of 3 in "fast", and
   # keeps "fast" from then on; every call's translations equal "fast"'s own.
   workdir, _ = trained_run
@@ -175,12 +175,12 @@ def test_auto_shapes_follow_the_calls_sentences_not_its_batch_rows(trained_run, 
   run = inference.load_run(str(workdir), "latest")
   fast = inference.load_run(str(workdir), "latest", shapes="fast")
   sources = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
-  want = fast.translate_ids(sources)
+  want = fast.decode_ids(sources)
   stats = {}
-  assert run.translate_ids(sources[:2], stats=stats) == want[:2]
+  assert run.decode_ids(sources[:2], stats=stats) == want[:2]
   assert stats["batches"] == 1 and stats["rows"] > 3 and not run.predictor.auto_fast
-  assert run.translate_ids(sources) == want and run.predictor.auto_fast
-  assert run.translate_ids(sources[:1]) == want[:1] and run.predictor.auto_fast
+  assert run.decode_ids(sources) == want and run.predictor.auto_fast
+  assert run.decode_ids(sources[:1]) == want[:1] and run.predictor.auto_fast
 
 
 @pytest.mark.subprocess
@@ -246,7 +246,7 @@ def test_tune_decoding_picks_the_beam_and_alpha_with_the_best_validation_bleu(tr
     sources = [s for s, _ in dataset.splits[split].examples]
     return {
         x.shape
-        for _, x in inference.translation_batches(
+        for _, x in inference.decode_batches(
             sources, buckets, inference.DEFAULT_BATCH_TOKENS, jax.device_count()
         )
     }
@@ -273,19 +273,19 @@ def test_attention_figure_of_a_translation(trained_run, tmp_path):
   result = plot_attention.figure_for_sentence(
       str(workdir), sentence, layer=-1, which="latest", beam_size=1, output=str(output)
   )
-  assert result["translation"] == run.translate_lines([sentence])[0]
+  assert result["translation"] == run.decode_lines([sentence])[0]
   assert result["layer"] == 0 and output.read_bytes()[:4] == b"\x89PNG"
   with pytest.raises(ValueError, match="--layer=3: the model has 1 layers"):
     plot_attention.figure_for_sentence(str(workdir), sentence, layer=3, which="latest")
 
 
-def test_translation_batches_sort_by_length_and_size_by_tokens():
+def test_decode_batches_sort_by_length_and_size_by_tokens():
   rng = np.random.default_rng(0)
   sources = [list(range(4, 4 + n)) for n in rng.integers(1, 40, 300)]
   buckets = (8, 16, 24, 32, 40)
   seen = []
   previous_longest = 0
-  for index, inputs in inference.translation_batches(sources, buckets, 512, rows_multiple=4):
+  for index, inputs in inference.decode_batches(sources, buckets, 512, rows_multiple=4):
     length = inputs.shape[1]
     assert length in buckets and inputs.shape[0] == max(512 // length // 4 * 4, 4)
     real = index[index >= 0]
@@ -301,18 +301,6 @@ def test_translation_batches_sort_by_length_and_size_by_tokens():
     assert np.all(inputs[len(real) :] == inputs[0])  # filler: a copy of the first sentence
     seen.extend(real.tolist())
   assert sorted(seen) == list(range(len(sources)))
-  # Sources with features ([n, 1 + C]: ids and spellings, model/config.py source_chars): the
-  # same batches, their first column the ids' inputs, EOS and PAD with no features.
-  spelled = [np.stack([s, np.asarray(s) + 1000], axis=-1) for s in map(np.asarray, sources)]
-  for (index, inputs), (same, featured) in zip(
-      inference.translation_batches(sources, buckets, 512, rows_multiple=4),
-      inference.translation_batches(spelled, buckets, 512, rows_multiple=4),
-      strict=True,
-  ):
-    np.testing.assert_array_equal(same, index)
-    np.testing.assert_array_equal(featured[..., 0], inputs)
-    real = (inputs != 0) & (inputs != 1)  # not PAD, not EOS
-    np.testing.assert_array_equal(featured[..., 1], np.where(real, inputs + 1000, 0))
 
 
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite

@@ -189,10 +189,6 @@ def test_random_walks_match_the_reference_and_restore_without_repair(closing, wo
     while not prefix or prefix[-1] != EOS_ID:
       args = _pad(prefix, N)[None], np.array([limit], np.int32), _pad(source, S)[None]
       legal = np.asarray(_legal_fn(constraint)(*args))[0]
-      if walk == 0:  # inputs with spellings (parsing.word_chars): the rule reads their ids
-        chars = rng.integers(1, 256, size=args[2].shape + (4,))
-        spelled = np.concatenate([args[2][..., None], chars], axis=-1)  # [1, S, 5]
-        np.testing.assert_array_equal(_legal_fn(constraint)(*args[:2], spelled)[0], legal)
       expected = reference_legal(tokens, prefix, source[:-1], closing, words, limit, order)
       assert set(np.flatnonzero(legal).tolist()) == expected, (walk, prefix)
       _assert_same_as_reference(constraint, rng, *args)
@@ -302,6 +298,20 @@ def test_a_prefix_with_no_legal_token_gets_minus_infinity_not_nan():
   assert np.all(np.asarray(constraint.reference(log_probs, prefix, limit, source)) == -np.inf)
 
 
+def test_log_probs_over_another_width_than_the_vocabulary_are_refused():
+  """The constraint reads log-probabilities over the whole vocabulary, the decoder's: any other
+  width is a ValueError naming both, in the fast form and the reference alike."""
+  _, tokenizer, tokens, constraint = _setup("labeled", True)
+  source = _pad(tokenizer.encode("Pierre") + [EOS_ID], S)[None]
+  prefix = _pad(tokenizer.encode("(S"), N)[None]
+  limit = np.array([N], np.int32)
+  for width in (len(tokens) - 2, len(tokens) + 1):
+    log_probs = np.zeros((1, width), np.float32)
+    for call in (constraint, constraint.reference):
+      with pytest.raises(ValueError, match=f"over {width} outputs.*vocabulary's {len(tokens)}"):
+        call(log_probs, prefix, limit, source)
+
+
 def test_the_config_switch_is_off_by_default_and_for_parsing_runs_only(tmp_path):
   config = config_lib.default_config("parsing")
   config.data.source, config.data.path = "ptb", str(tmp_path)
@@ -377,77 +387,3 @@ def test_searches_write_only_well_formed_trees_and_agree(words, beam_size, order
 
   expected = jax.jit(reference)(params, inputs)
   np.testing.assert_array_equal(outputs, expected)
-
-
-@pytest.mark.parametrize("order", trees.ORDERS)
-def test_one_output_for_every_word_constrains_as_the_words_mass(order):
-  """parsing.word_output="one": log-probs over the tree tokens and one output for every word
-  (tree_constraint.output_tokens) give the answer the vocabulary's log-probs give when its words
-  share that output's probability, on every prefix of the gold trees; fast form = reference."""
-  tree_list, tokenizer, tokens, constraint = _setup("labeled", True, order)
-  n = tree_constraint.output_tokens(tokenizer)
-  kinds = np.array([token_kind(t) for t in tokens])
-  assert (kinds[n:] == WORD).all() and np.flatnonzero(kinds[:n] == WORD).tolist() == [3]  # <unk>
-  assert n < len(tokens) and constraint.candidates.max() == n - 1
-  is_word = kinds == WORD
-  rng = np.random.default_rng(5)
-  fast, reference = _call_fns(constraint)
-  linearization = trees.Linearization("labeled", True, order)
-  known = set(tokenizer.words)
-  for tree in tree_list:
-    source = ptb.encode_words(tokenizer, known, tree.words()) + [EOS_ID]
-    target = ptb.encode_words(tokenizer, known, linearization.tokens(tree)) + [EOS_ID]
-    prefixes = np.stack([_pad(target[:i], N) for i in range(len(target))])
-    inputs = np.broadcast_to(_pad(source, S), (len(target), S))
-    limits = np.full(len(target), N, np.int32)
-    outputs = np.asarray(jax.nn.log_softmax(rng.normal(size=(len(target), n + 1))))
-    # The vocabulary's twin: each word an equal share of the last output, the rest as they are.
-    shares = outputs[:, -1:] - np.log(is_word.sum())
-    vocabulary = np.where(is_word, shares, np.pad(outputs[:, :n], ((0, 0), (0, len(tokens) - n))))
-    expected = np.asarray(reference(vocabulary, prefixes, limits, inputs))
-    answer = fast(outputs, prefixes, limits, inputs)
-    dense = np.asarray(decode.dense(answer, len(tokens)))
-    np.testing.assert_array_equal(dense == -np.inf, expected == -np.inf)
-    np.testing.assert_allclose(dense, expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(reference(outputs, prefixes, limits, inputs), expected, atol=1e-5)
-    assert np.isfinite(dense[np.arange(len(target)), target]).all()  # the gold tree stays legal
-  with pytest.raises(ValueError, match="outputs"):  # neither the vocabulary nor n + 1 outputs
-    fast(outputs[:, :-2], prefixes, limits, inputs)
-
-
-@pytest.mark.parametrize("beam_size", [1, 3])
-def test_a_model_with_one_output_for_every_word_writes_the_inputs_trees(beam_size):
-  """A random model whose output layer scores the tree tokens and one output for the words
-  (TransformerConfig.output_tokens): the searches write the input's words, in order, in trees
-  that restore with no repair, and equal the reference search. Unconstrained: refused."""
-  tree_list, tokenizer, tokens, constraint = _setup("labeled", True, "in_order")
-  n = tree_constraint.output_tokens(tokenizer)
-  config = TransformerConfig(
-      vocab_size=len(tokens), d_model=32, num_heads=4, num_layers=1, d_ff=64, max_len=64,
-      deterministic=True, output_tokens=n,
-  )  # fmt: skip
-  params = random_params(config)
-  assert params["other_output"].shape == (32,)
-  sentences = [t.words()[:6] for t in tree_list] * 2
-  inputs = np.stack([_pad(tokenizer.encode(" ".join(s)) + [EOS_ID], 8) for s in sentences])
-  predictor = decode.Predictor(
-      config, 40, beam_size, alpha=0.6, shapes=Shapes(block=24), constraint=constraint
-  )
-  outputs, _ = predictor.search(params, inputs)
-  linearization = trees.Linearization("labeled", True, "in_order")
-  for sentence, out in zip(sentences, outputs):
-    restored = linearization.restore(tokenizer.decode(out).split(), sentence)
-    assert restored.repairs == 0 and restored.tree.words() == sentence
-    written = [t for t in out.tolist() if token_kind(tokens[t]) == WORD]
-    assert written == tokenizer.encode(" ".join(sentence))
-  limit = decode.output_limits(inputs, 40, outputs.shape[1])
-  decoder = predictor.decoder
-
-  def reference(p, x):
-    if beam_size == 1:
-      return decode.greedy_search(decoder, p, x, outputs.shape[1], limit, constraint)[0]
-    return decode.beam_search(decoder, p, x, outputs.shape[1], 3, 0.6, limit, constraint)[0][:, 0]
-
-  np.testing.assert_array_equal(outputs, jax.jit(reference)(params, inputs))
-  with pytest.raises(ValueError, match="output_tokens"):
-    decode.Predictor(config, 40, beam_size)

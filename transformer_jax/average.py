@@ -25,7 +25,7 @@ def average_workdir(workdir: str, num: int) -> list[int]:
 
   Reads the parameters of each checkpoint only (inference.restore_params), never the optimizer.
   """
-  from transformer_jax import config as config_lib
+  from transformer_jax import tasks
   from transformer_jax.data import pipeline
   from transformer_jax.parallel import sharding
   from transformer_jax.runs import checkpoint, inference, workdir_lock
@@ -35,9 +35,9 @@ def average_workdir(workdir: str, num: int) -> list[int]:
     tokenizer = pipeline.load_workdir_tokenizer(workdir)
   except (FileNotFoundError, ValueError) as e:
     raise errors.UserError(str(e)) from None
-  model_config = config_lib.run_model_config(config, tokenizer)
+  model = tasks.get(config.task).build_model(config, tokenizer)  # the run's task's
   mesh = sharding.make_mesh(config.mesh)
-  abstract = inference.abstract_params(model_config, sharding.replicated(mesh))
+  abstract = inference.abstract_params(model, sharding.replicated(mesh))
   # averaged/ is the run's own (its final evaluation writes it too), and a training run deletes
   # old checkpoints as it goes: averaging waits for no training on this workdir.
   with workdir_lock.hold(workdir, "average"):

@@ -8,13 +8,12 @@ once (`lock_config=True`). `validate` checks values before any data is read or c
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 
 import ml_collections
 
-from transformer_jax import errors, files
+from transformer_jax import errors, files, tasks
 from transformer_jax.decoding import batch_shapes
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.parallel import sharding, xla_flags
@@ -25,8 +24,6 @@ _placeholder = ml_collections.config_dict.placeholder
 def default_config(task: str = "translation") -> ml_collections.ConfigDict:
   """Every key of a run's config: the generic sections, then the task's own section
   (`config.<task>`, for a task that has one; tasks/)."""
-  from transformer_jax import tasks  # a task's section; tasks import this module
-
   c = ml_collections.ConfigDict()
   c.seed = 0
   # What the run learns: "translation", "parsing" (§6.3), or a task registered with tasks.register.
@@ -66,7 +63,7 @@ def model_section() -> ml_collections.ConfigDict:
   s.attention_dropout_rate = 0.0
   s.max_len = 256
   s.share_embeddings = True
-  s.positional = "sinusoidal"  # §3.5; learned: Table 3 row (E); none: relative_positions only
+  s.positional = "sinusoidal"  # §3.5; learned: Table 3 row (E)
   # K > 0 (a deviation, off by default): the encoder's attention adds a learned bias per head for
   # each key-query offset clipped to [-K, K] (model/config.py TransformerConfig).
   s.relative_positions = 0
@@ -182,82 +179,64 @@ def distributed_section() -> ml_collections.ConfigDict:
   return s
 
 
-def model_config(
-    config: ml_collections.ConfigDict,
-    vocab_size: int,
-    output_tokens: int = 0,
-    source_chars: int = 0,
-    chart: dict | None = None,
-    source_affixes: bool = False,
-) -> TransformerConfig:
-  """The model `config.model` describes, over a vocabulary of `vocab_size` pieces, scoring
-  `output_tokens` of them one by one (0: all), reading `source_chars` characters (or with
-  `source_affixes`, affixes) of each source token (0: none), and with `chart`'s span chart in the
-  place of a decoder (None: none); all a task's choice, `run_model_config`."""
-  # Not config.model's: the vocabulary's size, the modes, and what a task chooses.
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+  """The Transformer `config.model` describes, over a vocabulary of `vocab_size` pieces: the
+  paper's model, or the generic part of a task's own (tasks/base.py `Task.build_model`)."""
+  # Not config.model's: the vocabulary's size and the modes.
   fields = {f.name for f in dataclasses.fields(TransformerConfig)} - {
-      "vocab_size", "deterministic", "decode", "output_tokens", "source_chars", "source_affixes",
-      "chart_labels", "chart_tags", "chart_hidden", "chart_loss",
-  }  # fmt: skip
+      "vocab_size",
+      "deterministic",
+      "decode",
+  }
   unknown = sorted(set(config.model) - fields)
   if unknown:
     raise ConfigError(
         f"config.model.{unknown[0]}: not a key of config.model (expected one of "
-        f"{sorted(fields)}; the vocabulary and the outputs come from the run's data and task)"
+        f"{sorted(fields)}; the vocabulary comes from the run's data)"
     )
-  return TransformerConfig(
-      vocab_size=vocab_size,
-      output_tokens=output_tokens,
-      source_chars=source_chars,
-      source_affixes=source_affixes,
-      **(chart or {}),
-      **config.model.to_dict(),
-  )
+  return TransformerConfig(vocab_size=vocab_size, **config.model.to_dict())
 
 
-def run_model_config(config: ml_collections.ConfigDict, tokenizer) -> TransformerConfig:
-  """The model of a run of `config` over `tokenizer`'s vocabulary, scoring the outputs and reading
-  the source features its task chooses (`Task.output_tokens`, `Task.source_chars`,
-  `Task.source_affixes`, `Task.chart_model`): what training, averaging and the commands build."""
-  from transformer_jax import tasks  # tasks import this module
-
-  task = tasks.get(config.task)
-  output_tokens = task.output_tokens(config, tokenizer)
-  chart = task.chart_model(config, tokenizer)
-  chars = task.source_chars(config)
-  affixes = task.source_affixes(config)
-  return model_config(config, tokenizer.vocab_size, output_tokens, chars, chart, affixes)
-
-
-# Keys of a parsing run that lived in the generic sections before the parsing task had its own
-# section: (section, key) then -> the key of config.parsing now.
-LEGACY_PARSING_KEYS = {
-    ("data", "tree_closing"): "tree_closing",
-    ("data", "tree_words"): "tree_words",
-    ("data", "tree_order"): "tree_order",
-    ("data", "word_dropout"): "word_dropout",
-    ("train", "word_loss"): "word_loss",
-    ("eval", "tree_constraints"): "tree_constraints",
+# Keys of config.model no longer there (an experiment measured and not adopted): key ->
+# (kept(value, model section) -> bool, what it was and the commit that has its code); as a
+# task's `retired_keys` (tasks/base.py).
+RETIRED_MODEL_KEYS = {
+    "positional": (
+        lambda value, section: value != "none",
+        "positional='none' (an encoder that sees order through relative_positions alone): "
+        "measured and not adopted, its code is at commit 3d33068",
+    )
 }
 
 
 def from_saved(saved: dict) -> ml_collections.ConfigDict:
   """A run's config from its `config.json` (a dict), on top of today's defaults of its task: a
-  key the run did not save takes its default value, and a key saved where an older layout kept
-  it (LEGACY_PARSING_KEYS) moves to where it lives now."""
-  from transformer_jax import tasks  # tasks import this module
-
-  saved = json.loads(json.dumps(saved))  # a deep copy, to move keys in
-  task = tasks.saved_task(saved)
-  saved["task"] = task
-  for (section, key), new_key in LEGACY_PARSING_KEYS.items():
-    if key in saved.get(section, {}):
-      value = saved[section].pop(key)
-      if task == "parsing":  # a translation run saved them at their defaults: nothing to keep
-        saved.setdefault("parsing", {})[new_key] = value
+  key the run did not save takes its default value, a key saved where an older layout kept it
+  moves to where it lives now (tasks.saved_layout), and a retired key (RETIRED_MODEL_KEYS, a
+  task's `retired_keys`) is dropped where its value changes nothing, else refused."""
+  saved = tasks.saved_layout(saved)  # a copy, its task named
+  task = saved["task"]
+  retired = [("model", RETIRED_MODEL_KEYS)]
+  if task in tasks.names():  # an unknown task is reported by validate, naming config.task
+    retired.append((task, tasks.get(task).retired_keys))
+  for name, keys in retired:
+    section = saved.get(name, {})
+    for key, (kept, what) in keys.items():
+      if key in section and not kept(section[key], section):
+        raise ConfigError(
+            f"config.{name}.{key}={section[key]!r}: {what}; this code cannot run the saved run "
+            "(check that commit out to use it)"
+        )
+      if key in section and key not in default_section(task, name):
+        section.pop(key)
   config = default_config(task)
   config.update(saved)
   return config
+
+
+def default_section(task: str, name: str) -> ml_collections.ConfigDict:
+  """Today's defaults of section `name` of a run of `task`."""
+  return default_config(task)[name]
 
 
 class ConfigError(errors.UserError):
@@ -277,16 +256,16 @@ def checker(config: ml_collections.ConfigDict) -> Check:
   return check
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: ml_collections.ConfigDict, task=None) -> None:
   """Fails fast, naming the key, on values no run could use. Called before any compute. Each
-  section has its checks; the task checks its own section and what it needs of the others."""
-  from transformer_jax import tasks  # tasks import this module
-
+  section has its checks; the task (the run's, resolved where it starts; None: `config.task`'s)
+  checks its own section and what it needs of the others."""
   check = checker(config)
-  names = tasks.names()
-  check(config.task in names, "task", f"expected one of {names} (or a task registered first)")
-  task = tasks.get(config.task)
-  validate_model(config, task)
+  if task is None:
+    names = tasks.names()
+    check(config.task in names, "task", f"expected one of {names} (or a task registered first)")
+    task = tasks.get(config.task)
+  validate_model(config)
   validate_data(config, check, task.sources)
   validate_train(config, check)
   validate_eval(config, check)
@@ -294,12 +273,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   task.validate(config, check)
 
 
-def validate_model(config: ml_collections.ConfigDict, task) -> None:
-  # The model's own checks, with a placeholder vocabulary and, where the task builds no decoder,
-  # a placeholder span chart.
-  chart = None if task.has_decoder(config) else {"chart_labels": 1, "chart_tags": 1}
+def validate_model(config: ml_collections.ConfigDict) -> None:
+  # The model's own checks, with a placeholder vocabulary.
   try:
-    model_config(config, vocab_size=64, chart=chart)
+    model_config(config, vocab_size=64)
   except ConfigError:
     raise
   except (TypeError, ValueError) as e:  # TypeError: a None where the field needs a number

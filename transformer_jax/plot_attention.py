@@ -123,7 +123,7 @@ def figure_for_sentence(
         f"--layer={layer}: the model has {layers} layers (0..{layers - 1}, or -1)"
     )
   layer %= layers
-  translation = run.translate_lines([sentence])[0]
+  translation = run.decode_lines([sentence])[0]
   limit = run.config.data.max_len - 1
   source_ids = run.tokenizer.encode(sentence.strip())[:limit] + [EOS_ID]
   output_ids = run.tokenizer.encode(translation)[:limit] + [EOS_ID]

@@ -60,7 +60,7 @@ def _translate_stream(run, lines: Iterator[str], target, args) -> tuple[int, int
   seconds = 0.0
   for chunk in _chunks(lines, args.chunk_lines):
     start = time.perf_counter()
-    hypotheses = run.translate_lines(chunk, batch_tokens=args.batch_tokens)
+    hypotheses = run.decode_lines(chunk, batch_tokens=args.batch_tokens)
     seconds += time.perf_counter() - start
     count += len(chunk)
     sentences += sum(1 for line in chunk if line.strip())

@@ -1,18 +1,18 @@
 """Chooses beam size and length penalty α on the development set, as §6.1 did, then scores test.
 
   python -m transformer_jax.tune_decoding --workdir DIR [--alphas 0.6,0.8,1.0,1.2]
-      [--beam_sizes 4] [--checkpoint auto] [--tree_constraints false,true]
+      [--beam_sizes 4] [--checkpoint auto] [--try parsing.tree_constraints=false,true]
 
 §6.1: beam size and α "were chosen after experimentation on the development set". For each
 (beam size, α) pair the run's whole validation split (`config.data.eval_split`) is decoded and
-scored with sacreBLEU; the pair with the best validation BLEU (on ties the smaller beam, then the
-smaller α) then decodes the test split once. Prints one JSON line and writes it to
-`DIR/decoding_sweep.json`, with the test translations in `DIR/test_translations.tuned.txt`. A
-parsing run (§6.3, config.task=parsing) is scored by EVALB's F1 instead (scoring.py), and its test
-parses go to `DIR/test_trees.tuned.mrg` (§6.3 chose the beam size on section 22); with
-`--tree_constraints false,true` it also tries the search with and without
-`parsing.tree_constraints` (tree_constraint.py; on ties, without). Put the chosen values in the
-config (`eval.beam_size`, `eval.alpha`, ...) so the run's own final evaluation uses them.
+scored by the run's task (`Task.scores`: sacreBLEU for translation, EVALB's F1 for §6.3 parsing,
+which chose its beam size on section 22); the pair with the best validation score (the task's
+`metric`; on ties the smaller beam, then the smaller α) then decodes the test split once, scored
+and written as the task's final evaluation is (`Task.test_results`), under names marked `tuned`:
+`DIR/test_translations.tuned.txt`, `DIR/test_trees.tuned.mrg`. `--try KEY=V1,V2` also tries each
+value of one decoding key of the run's config (on ties, the first listed). Prints one JSON line
+and writes it to `DIR/decoding_sweep.json`. Put the chosen values in the config
+(`eval.beam_size`, `eval.alpha`, ...) so the run's own final evaluation uses them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import pathlib
 from absl import flags
 
 from transformer_jax import cli, errors, files
-from transformer_jax.tasks import bleu
 
 
 def _define_flags():
@@ -37,19 +36,11 @@ def _define_flags():
   )
   flags.DEFINE_string("checkpoint", "auto", "Which parameters (see inference.load_run).")
   flags.DEFINE_string(
-      "tree_constraints",
+      "try",
       "",
-      "Parsing runs: comma-separated true/false values of parsing.tree_constraints to try; "
-      "default: the run's.",
+      "KEY=V1,V2: also try each value of a decoding key of the run's config "
+      "(e.g. parsing.tree_constraints=false,true); on ties the first listed wins.",
   )
-
-
-def _score(hypotheses: list[str], references: list[str]) -> dict:
-  corpus = bleu.corpus_bleu(hypotheses, references)
-  return {
-      "bleu": float(corpus.score),
-      "length_ratio": float(corpus.sys_len / max(corpus.ref_len, 1)),
-  }
 
 
 def tune(
@@ -57,15 +48,16 @@ def tune(
     alphas: list[float],
     beam_sizes: list[int] | None = None,
     which: str = "auto",
-    tree_constraints: list[bool] | None = None,
+    values: tuple[str, list] | None = None,
 ) -> dict:
-  """Validation BLEU for each (beam size, α), the best pair, and the test scores decoded with it.
+  """The task's validation scores for each (beam size, α), the best pair, and the test scores
+  decoded with it.
 
   `beam_sizes` None or empty: the run's own `eval.beam_size` only. The run is loaded once; α is
   an argument of its compiled search, so the search compiles once per (batch shape, beam size)
-  however many α are tried (`search_compilations` in the result). `tree_constraints` (parsing
-  runs only; None or empty: the run's own setting) are the values of `parsing.tree_constraints`
-  to try.
+  however many α are tried (`search_compilations` in the result). `values` ("section.key",
+  [value, ...]): the values of a decoding key of the run's config to try as well (None: the
+  run's own); the parameters are shared.
   """
   from transformer_jax.data import pipeline
   from transformer_jax.runs import inference  # heavy (JAX); keeps --help fast
@@ -77,126 +69,64 @@ def tune(
   if beam_sizes and any(k < 1 for k in beam_sizes):
     raise errors.UserError(f"--beam_sizes={beam_sizes}: a beam size must be >= 1")
   run = inference.load_run(workdir, which)
-  if tree_constraints and run.config.task != "parsing":
-    raise errors.UserError(
-        "--tree_constraints applies to parsing runs (config.task='parsing') only"
-    )
-  dataset = pipeline.load_dataset(run.config, workdir)  # reuses the run's vocabulary
+  task, config = run.task, run.config
+  if not task.metric:
+    raise errors.UserError(f"the {task.name} task names no metric (Task.metric) to choose by")
+  key, tried = values if values else (None, [None])
+  # One loaded run per value of the key (the parameters shared): its search built for it.
+  runs = [run if key is None else run.with_overrides({key: v}) for v in tried]
+  dataset = pipeline.load_dataset(config, workdir, task=task)  # reuses the run's vocabulary
   valid, test = dataset.splits["eval"], dataset.splits["test"]
-  lang = run.config.data.target_lang
   beams = list(beam_sizes) if beam_sizes else [run.beam_size]
 
-  def decode(beam, alpha, split, run=run):
-    return run.translate_ids([s for s, _ in split.examples], beam_size=beam, alpha=alpha)
-
-  if run.config.task == "parsing":  # §6.3: beam and α chosen on validation F1 (EVALB)
-    values = tree_constraints or [run.config.parsing.tree_constraints]
-    runs = {
-        v: run.with_overrides({"parsing.tree_constraints": v}) for v in values
-    }  # parameters shared
-    return _tune_parsing(workdir, runs, decode, valid, test, alphas, beams)
+  def decode(loaded, beam, alpha, split):
+    return loaded.decode_ids([s for s, _ in split.examples], beam_size=beam, alpha=alpha)
 
   sweep = []
-  for beam in beams:
-    for alpha in alphas:
-      scores = _score(decode(beam, alpha, valid), [t for _, t in valid.pairs])
-      sweep.append(
-          {"beam_size": beam, "alpha": alpha, **{f"valid_{k}": v for k, v in scores.items()}}
-      )
-      logging.info(
-          "beam %d, α=%g: validation BLEU %.2f (length ratio %.3f)",
-          beam,
-          alpha,
-          scores["bleu"],
-          scores["length_ratio"],
-      )
-  best = max(sweep, key=lambda r: (r["valid_bleu"], -r["beam_size"], -r["alpha"]))
-  hypotheses = decode(best["beam_size"], best["alpha"], test)
-  references = [t for _, t in test.pairs]
-  test_scores = _score(hypotheses, references)
-  logging.info(
-      "the search compiled %d times (%d α values, beam sizes %s)",
-      run.predictor.searches(),
-      len(alphas),
-      beams,
-  )
-  result = {
-      **_chosen(workdir, run, sweep, best),
-      "test_bleu": test_scores["bleu"],
-      "test_length_ratio": test_scores["length_ratio"],
-      "test_tokenized_bleu": float(bleu.tokenized_bleu(hypotheses, references, lang).score),
-      "test_tokenized_bleu_lowercase": float(
-          bleu.tokenized_bleu(hypotheses, references, lang, lowercase=True).score
+  for index, loaded in enumerate(runs):
+    for beam in beams:
+      for alpha in alphas:
+        scores = task.scores(loaded.config, decode(loaded, beam, alpha, valid), valid.pairs)
+        row = {key: tried[index]} if key else {}
+        row.update(beam_size=beam, alpha=alpha, **{f"valid_{k}": v for k, v in scores.items()})
+        sweep.append(row)
+        logging.info(
+            "%sbeam %d, α=%g: validation %s %.2f",
+            f"{key}={tried[index]}, " if key else "",
+            beam,
+            alpha,
+            task.metric,
+            scores[task.metric],
+        )
+  order = {v: i for i, v in enumerate(tried)}
+  best = max(
+      sweep,
+      key=lambda r: (
+          r[f"valid_{task.metric}"],
+          -order[r[key]] if key else 0,
+          -r["beam_size"],
+          -r["alpha"],
       ),
-      "test_sentences": len(references),
-      "search_compilations": run.predictor.searches(),
-  }
-  text = "".join(h + "\n" for h in hypotheses)
-  files.atomic_write(
-      os.path.join(workdir, "test_translations.tuned.txt"),
-      lambda tmp: pathlib.Path(tmp).write_text(text, encoding="utf-8"),
   )
-  files.atomic_write(
-      os.path.join(workdir, "decoding_sweep.json"),
-      lambda tmp: pathlib.Path(tmp).write_text(json.dumps(result, indent=2)),
-  )
-  return result
-
-
-def _chosen(workdir, run, sweep: list[dict], best: dict) -> dict:
-  """The head of decoding_sweep.json: the run, every setting tried and the one chosen."""
-  return {
+  chosen = runs[order[best[key]]] if key else run
+  hypotheses = decode(chosen, best["beam_size"], best["alpha"], test)
+  result = {
       "workdir": workdir,
       "parameters": run.checkpoint,
       "sweep": sweep,
+      **({f"best_{key}": best[key]} if key else {}),
       "best_beam_size": best["beam_size"],
       "best_alpha": best["alpha"],
-  }
-
-
-def _tune_parsing(workdir, runs: dict, decode, valid, test, alphas, beams) -> dict:
-  """`tune` for a parsing run: validation F1 per (tree constraints, beam, α), `runs` holding
-  the loaded run for each `parsing.tree_constraints` value to try; test_trees.tuned.mrg."""
-  from transformer_jax.tasks.parsing import scoring, trees
-
-  run = next(iter(runs.values()))
-  linearization = trees.Linearization.from_config(run.config.parsing)
-  sweep = []
-  for constrained, loaded in runs.items():
-    for beam in beams:
-      for alpha in alphas:
-        hypotheses = decode(beam, alpha, valid, loaded)
-        scores = scoring.scores(hypotheses, valid.pairs, linearization)[0]
-        sweep.append(
-            {
-                "tree_constraints": constrained,
-                "beam_size": beam,
-                "alpha": alpha,
-                "valid_f1": scores["f1"],
-                "valid_repaired": scores["repaired"],
-                "valid_evalb_error_sentences": scores["evalb_error_sentences"],
-            }
-        )
-        logging.info(
-            "tree constraints %s, beam %d, α=%g: validation F1 %.2f (%d repaired)",
-            constrained, beam, alpha, scores["f1"], scores["repaired"],
-        )  # fmt: skip
-  best = max(
-      sweep,
-      key=lambda r: (r["valid_f1"], -r["tree_constraints"], -r["beam_size"], -r["alpha"]),
-  )
-  chosen = runs[best["tree_constraints"]]
-  hypotheses = decode(best["beam_size"], best["alpha"], test, chosen)
-  test_scores = scoring.test_results(
-      hypotheses, test.pairs, linearization, workdir, trees_file="test_trees.tuned.mrg"
-  )
-  result = {
-      **_chosen(workdir, chosen, sweep, best),
-      "best_tree_constraints": best["tree_constraints"],
-      **test_scores,
+      **task.test_results(chosen.config, hypotheses, test.pairs, workdir, tag="tuned"),
       "test_sentences": len(test.pairs),
-      "search_compilations": sum(r.predictor.searches() for r in runs.values()),
+      "search_compilations": sum(r.predictor.searches() for r in runs),
   }
+  logging.info(
+      "the search compiled %d times (%d α values, beam sizes %s)",
+      result["search_compilations"],
+      len(alphas),
+      beams,
+  )
   files.atomic_write(
       os.path.join(workdir, "decoding_sweep.json"),
       lambda tmp: pathlib.Path(tmp).write_text(json.dumps(result, indent=2)),
@@ -221,12 +151,36 @@ def boolean(text: str) -> bool:
   return value
 
 
+def parse_try(text: str) -> tuple[str, list] | None:
+  """--try "section.key=V1,V2" -> ("section.key", [V1, V2]): true/false as booleans, numbers as
+  numbers, anything else as text (the run's config checks each value when it is set)."""
+  if not text.strip():
+    return None
+  key, sep, values = text.partition("=")
+  items = [v.strip() for v in values.split(",") if v.strip()]
+  if not sep or not key.strip() or not items:
+    raise errors.UserError(
+        f"--try={text!r}: expected KEY=V1,V2 (e.g. parsing.tree_constraints=false,true)"
+    )
+  out = []
+  for item in items:
+    for kind in (boolean, int, float):
+      try:
+        out.append(kind(item))
+        break
+      except ValueError:
+        continue
+    else:
+      out.append(item)
+  return key.strip(), out
+
+
 def main(argv):
   args = cli.workdir_args(argv)
   alphas = _parse_list("alphas", args.alphas, float)
   beam_sizes = _parse_list("beam_sizes", args.beam_sizes, int)
-  constraints = _parse_list("tree_constraints", args.tree_constraints, boolean)
-  print(json.dumps(tune(args.workdir, alphas, beam_sizes, args.checkpoint, constraints)))
+  values = parse_try(getattr(args, "try"))
+  print(json.dumps(tune(args.workdir, alphas, beam_sizes, args.checkpoint, values)))
   return 0
 
 

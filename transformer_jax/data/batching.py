@@ -2,10 +2,13 @@
 
 Every batch is a dict of int32 arrays; B rows, L positions, PAD_ID after the sentence:
 
-    inputs          [B, L]  source ids + [EOS]; [B, L, 1 + C] for sources given as [n, 1 + C]
-                            arrays (each token's id and C features; EOS and PAD have none)
+    inputs          [B, L]  source ids + [EOS]
     decoder_inputs  [B, L]  [BOS] + target ids      (targets shifted right, §3.1)
     targets         [B, L]  target ids + [EOS]
+
+A side whose examples are [n, 1 + C] arrays (a task's per-token columns: a span chart's targets,
+tasks/parsing/chart.py) gives [B, L, 1 + C]: column 0 is read as the token (EOS and PAD have no
+columns).
 
 Pairs are grouped by length into a few buckets (L = the bucket's length, for
 source and target alike) so that jit compiles one program per bucket rather
@@ -84,7 +87,7 @@ class _Packed:
     self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
     total = int(self.lengths.sum())
     width = feature_width(seqs)
-    if width:  # [n, 1 + C] per example: ids and their features (model/config.py source_chars)
+    if width:  # [n, 1 + C] per example: ids and their columns (module docstring)
       rows = [np.asarray(s, np.int64).reshape(-1, width) for s in seqs]
       # One trailing PAD row so clipped indices of empty sequences stay in range.
       self.flat = np.concatenate([*rows, np.zeros((1, width), np.int64)])  # [T + 1, 1 + C]
@@ -131,8 +134,8 @@ class _Packed:
 
 
 def feature_width(seqs: Sequence) -> int:
-  """0 for sequences of ids; 1 + C for [n, 1 + C] arrays, each token's id and C features (a
-  token's spelling, model/config.py `source_chars`), which must all be as wide."""
+  """0 for sequences of ids; 1 + C for [n, 1 + C] arrays, each token's id and C columns (module
+  docstring), which must all be as wide."""
   widths = {s.shape[1] if isinstance(s, np.ndarray) and s.ndim == 2 else 0 for s in seqs}
   if len(widths) > 1:
     raise ValueError(
@@ -605,8 +608,8 @@ def eval_batches(
 
 
 def padding_efficiency(batch: Batch) -> float:
-  """Share of non-PAD tokens over inputs and targets: 1.0 means no wasted compute."""
-  inputs, targets = batch["inputs"], batch["targets"]
-  inputs = inputs if inputs.ndim == 2 else inputs[..., 0]  # [B, L]: ids, not their spellings
-  real = np.count_nonzero(inputs != PAD_ID) + np.count_nonzero(targets != PAD_ID)
-  return real / (inputs.size + targets.size)
+  """Share of non-PAD positions over inputs and targets: 1.0 means no wasted compute. A position
+  is one token, however many columns it has ([B, L, 1 + C]: column 0)."""
+  tokens = [x if x.ndim == 2 else x[..., 0] for x in (batch["inputs"], batch["targets"])]
+  real = sum(np.count_nonzero(x != PAD_ID) for x in tokens)  # [B, L] each
+  return real / sum(x.size for x in tokens)

@@ -31,10 +31,11 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import ml_collections
 
-from transformer_jax import errors, files
+from transformer_jax import errors, files, tasks
 from transformer_jax.data import batching, prepared, synthetic, tfds_source
 from transformer_jax.data.tokenizer import (
     SentencePieceTokenizer,
@@ -101,14 +102,15 @@ def load_dataset(
     config: ml_collections.ConfigDict,
     workdir: str | None = None,
     splits: Sequence[str] = SPLIT_KEYS,
+    task: Any = None,
 ) -> Dataset:
   """Gets the workdir's vocabulary (or makes it) and the tokenized `splits` of the run's data,
-  as its task reads them (`config.task`: tasks/, whose `load_dataset` does the reading)."""
-  from transformer_jax import tasks  # the registry: no task is named here
-
+  as its task reads them (`task.load_dataset`: the run's, tasks/; None: `config.task`'s)."""
+  if task is None:
+    task = tasks.get(config.task)
   if workdir is not None:
     os.makedirs(workdir, exist_ok=True)
-  dataset = tasks.get(config.task).load_dataset(config, workdir, splits)
+  dataset = task.load_dataset(config, workdir, splits)
   if "train" in dataset.splits and not len(dataset.splits["train"].examples):
     raise errors.UserError(f"config.data: the {config.data.source} source gave no training pairs")
   for name, split in dataset.splits.items():

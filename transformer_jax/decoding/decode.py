@@ -32,9 +32,7 @@ A constraint (`constrain(log_probs [..., v], prefixes [..., n], limit [b]) -> lo
 task's: tasks/base.py) may reshape each step's distribution given each hypothesis' tokens
 so far and its sentence's output limit. Where few tokens can ever follow, it may answer with
 `Candidates` (the log-probs of m token ids each, m << v) instead: the searches then choose among
-those m, not the vocabulary, and their results are the same. A model with `output_tokens`
-(model/config.py) gives fewer log-probs than v, one for many ids: only a constraint answering
-with `Candidates` says which id each hypothesis writes. A constraint whose answer is the same
+those m, not the vocabulary, and their results are the same. A constraint whose answer is the same
 for any per-row shift of its input (it renormalizes; `takes_logits = True`) is given the model's
 logits by `Predictor`, not their log-softmax.
 """
@@ -53,15 +51,15 @@ import numpy as np
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import batch_shapes, top_k
 from transformer_jax.decoding.batch_shapes import Shapes
-from transformer_jax.model.config import TransformerConfig, source_ids
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.incremental import IncrementalDecoder
 from transformer_jax.parallel import distributed
 
 
 def output_limits(inputs: jax.Array, extra: int, max_decode_len: int) -> jax.Array:
   """[b] int32: each sentence's maximum output length, its source length (EOS included) + extra
-  (§6.1), within `max_decode_len`. `inputs` [b, s] (or [b, s, 1 + C], model/config.py)."""
-  lengths = jnp.sum(source_ids(inputs) != PAD_ID, axis=1, dtype=jnp.int32)
+  (§6.1), within `max_decode_len`. `inputs` [b, s]."""
+  lengths = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32)
   return jnp.minimum(lengths + extra, max_decode_len)
 
 
@@ -398,11 +396,6 @@ class Predictor:
       constraint: Callable | None = None,
   ):  # fmt: skip
     _check_beam_size(beam_size)
-    if config.output_tokens and constraint is None:
-      raise ValueError(
-          f"a model with output_tokens={config.output_tokens} scores every later id as one "
-          "output: only a constraint (answering with Candidates) can say which id it writes"
-      )
     if not isinstance(shapes, Shapes) and shapes not in batch_shapes.NAMES:
       raise ValueError(f"shapes={shapes!r}: expected a Shapes or one of {batch_shapes.NAMES}")
     self.config, self.max_decode_extra = config, max_decode_extra

@@ -23,14 +23,7 @@ from transformer_jax.model.attention import (
     default_kernel_init,
     segment_mask,
 )
-from transformer_jax.model.config import (
-    AFFIX_BUCKETS,
-    CHAR_DIM,
-    CHAR_VOCAB,
-    PAD_ID,
-    TransformerConfig,
-    source_ids,
-)
+from transformer_jax.model.config import PAD_ID, TransformerConfig
 from transformer_jax.parallel import sharding
 
 # The JAX policy of each of model_config.REMAT_POLICIES: what a rematerialised layer saves.
@@ -64,8 +57,6 @@ class AddPositions(nn.Module):
   def __call__(self, x: jax.Array, positions: jax.Array | None) -> jax.Array:
     cfg = self.config
     length = x.shape[1]
-    if cfg.positional == "none":  # order through relative_positions alone (RelativePositions)
-      return x
     if cfg.positional == "sinusoidal":
       table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
     else:
@@ -117,7 +108,6 @@ class FeedForward(nn.Module):
   """FFN(x) = max(0, x W1 + b1) W2 + b2 — §3.3, Eq. 2."""
 
   config: TransformerConfig
-  input_axis: str | None = sharding.EMBED  # x's last axis, d_model (None: another width)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -127,7 +117,7 @@ class FeedForward(nn.Module):
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
         kernel_init=nn.with_logical_partitioning(
-            default_kernel_init, (self.input_axis, sharding.MLP)
+            default_kernel_init, (sharding.EMBED, sharding.MLP)
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.MLP,)),
         name="wi",
@@ -150,7 +140,7 @@ class FeedForward(nn.Module):
     )  # [b, L, e]
 
 
-def _layer_norm(cfg: TransformerConfig, name: str, axis: str = sharding.EMBED) -> nn.LayerNorm:
+def layer_norm(cfg: TransformerConfig, name: str, axis: str = sharding.EMBED) -> nn.LayerNorm:
   """LayerNorm over a last axis of logical name `axis` (d_model by default)."""
   return nn.LayerNorm(
       epsilon=cfg.layer_norm_epsilon,
@@ -174,7 +164,7 @@ class SubLayer(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, sublayer) -> jax.Array:
     cfg = self.config
-    norm = _layer_norm(cfg, "norm")
+    norm = layer_norm(cfg, "norm")
     dropout = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)
     if cfg.norm_position == "post":
       return norm(x + dropout(sublayer(x)))
@@ -250,116 +240,8 @@ class Embed(nn.Module):
     return x * jnp.sqrt(cfg.d_model).astype(cfg.dtype)
 
   def attend(self, x: jax.Array) -> jax.Array:
-    """x [b, t, e] -> logits [b, t, v] in float32 (accumulated in float32 even for bf16 x); with
-    `output_tokens` N, over ids 0..N-1 only."""
-    embedding = self.embedding.astype(self.config.dtype)
-    if self.config.output_tokens:
-      embedding = embedding[: self.config.output_tokens]
-    return _output_projection(x, embedding)
-
-
-def _lookup(table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
-  """table[ids] [..., C, width], zero where an id is 0 (no character or affix: nothing)."""
-  x = jnp.take(table, ids, axis=0).astype(dtype)
-  return jnp.where((ids != 0)[..., None], x, 0)
-
-
-class SpellingFeatures(nn.Module):
-  """A source token's spelling -> a vector added to its embedding (`source_chars`; a deviation,
-  not in the paper, which reads a token by its id alone).
-
-  chars [b, s, C] holds C character ids per token (CHAR_VOCAB; 0 where there is none): each is
-  embedded, the C embeddings are concatenated in their order, so that a character's place (the
-  first letters, the last) counts, and a feed-forward network as §3.3's (Eq. 2, d_ff units) maps
-  them to d_model. What a parser usually gives unknown words (Stanford's and the chart
-  parsers' character features): a word read as its unknown-word class still shows its letters.
-  """
-
-  config: TransformerConfig
-
-  @nn.compact
-  def __call__(self, chars: jax.Array) -> jax.Array:
-    cfg = self.config
-    table = self.param(
-        "char_embedding",
-        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), (None, None)),
-        (CHAR_VOCAB, CHAR_DIM),
-        cfg.param_dtype,
-    )
-    x = _lookup(table, chars, cfg.dtype)  # [b, s, C, c]
-    x = x.reshape(chars.shape[:-1] + (chars.shape[-1] * CHAR_DIM,))  # [b, s, C*c]
-    return FeedForward(cfg, input_axis=None, name="ffn")(x)  # [b, s, e]
-
-
-class AffixFeatures(nn.Module):
-  """A source token's affixes -> a vector added to its embedding (`source_affixes`; a deviation,
-  not in the paper, which reads a token by its id alone).
-
-  affixes [b, s, C] holds C hashed affix ids per token (AFFIX_BUCKETS; 0 where there is none):
-  the sum of their embeddings, sum_i A[a_i] [a_i != 0]. A bag of endings and beginnings shared by
-  many words rather than a word's letters in their places (SpellingFeatures): a rare word reads
-  as what it shares with others.
-  """
-
-  config: TransformerConfig
-
-  @nn.compact
-  def __call__(self, affixes: jax.Array) -> jax.Array:
-    cfg = self.config
-    # N(0, 1/C): the sum of a token's C affixes has about unit variance, the scale of its
-    # embedding after §3.4's √d_model (Embed).
-    table = self.param(
-        "affix_embedding",
-        nn.with_logical_partitioning(
-            nn.initializers.normal(stddev=affixes.shape[-1] ** -0.5), (None, sharding.EMBED)
-        ),
-        (AFFIX_BUCKETS, cfg.d_model),
-        cfg.param_dtype,
-    )
-    return _lookup(table, affixes, cfg.dtype).sum(axis=-2)  # [b, s, e]
-
-
-class SpanChart(nn.Module):
-  """Span and tag scores over the encoder's output (`chart_labels`, `chart_tags`; a deviation:
-  §6.3's model writes the tree with its decoder). After the chart parsers of Stern et al. (2017)
-  and Kitaev & Klein (2018): a span's features are those of its first and last tokens, each
-  projected, summed, normalized and passed through a ReLU; a linear layer scores its labels. A
-  token's tags are scored from its own features alike.
-
-  x [b, s, e] -> (spans [b, s, s, L], tags [b, s, T]), float32: spans[:, i, j] scores the span
-  of tokens i..j (j >= i; the rest is never read)."""
-
-  config: TransformerConfig
-
-  def _dense(self, features: int, axes: tuple, bias: bool, name: str) -> nn.Dense:
-    cfg = self.config
-    return nn.Dense(
-        features,
-        use_bias=bias,
-        dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype,
-        kernel_init=nn.with_logical_partitioning(default_kernel_init, axes),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
-        name=name,
-    )
-
-  def _hidden(self, h: jax.Array, name: str) -> jax.Array:
-    cfg = self.config
-    h = nn.relu(_layer_norm(cfg, name, sharding.MLP)(h))
-    return nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(h)
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    cfg = self.config
-    hidden = (sharding.EMBED, sharding.MLP)
-    first = self._dense(cfg.chart_hidden, hidden, True, "span_first")(x)  # [b, s, h]
-    last = self._dense(cfg.chart_hidden, hidden, False, "span_last")(x)  # [b, s, h]
-    h = self._hidden(first[:, :, None, :] + last[:, None, :, :], "span_norm")  # [b, i, j, h]
-    spans = self._dense(cfg.chart_labels, (sharding.MLP, None), True, "span_labels")(h)
-    t = self._dense(cfg.chart_hidden, hidden, True, "tag_hidden")(x)  # [b, s, h]
-    t = self._hidden(t, "tag_norm")
-    tags = self._dense(cfg.chart_tags, (sharding.MLP, None), True, "tag_labels")(t)  # [b, s, T]
-    return spans.astype(jnp.float32), tags.astype(jnp.float32)
+    """x [b, t, e] -> logits [b, t, v] in float32 (accumulated in float32 even for bf16 x)."""
+    return _output_projection(x, self.embedding.astype(self.config.dtype))
 
 
 @jax.custom_vjp
@@ -497,9 +379,9 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
-    """inputs [b, s] ids, or [b, s, 1 + C]: ids and spellings or affixes (`source_chars` C)."""
+    """inputs [b, s] ids -> encoded [b, s, e]."""
     cfg = self.config
-    ids = source_ids(inputs)  # [b, s]
+    ids = inputs  # [b, s]
     bias = None
     if cfg.relative_positions:
       positions = jnp.arange(ids.shape[1])[None] if inputs_positions is None else inputs_positions
@@ -512,10 +394,6 @@ class Encoder(nn.Module):
         bias=bias,
     )
     x = self.embed(ids)  # [b, s, e]
-    if cfg.source_affixes:
-      x = x + AffixFeatures(cfg, name="affixes")(inputs[..., 1:])  # [b, s, e]
-    elif cfg.source_chars:
-      x = x + SpellingFeatures(cfg, name="spelling")(inputs[..., 1:])  # [b, s, e]
     x = AddPositions(cfg, name="positions")(x, inputs_positions)
     # §5.4: dropout on the sums of the embeddings and the positional encodings.
     x = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(x)
@@ -526,7 +404,7 @@ class Encoder(nn.Module):
       for i in range(cfg.num_layers):
         x = layer(cfg, name=f"layer_{i}")(x, mask)
     if cfg.norm_position == "pre":
-      x = _layer_norm(cfg, "final_norm")(x)
+      x = layer_norm(cfg, "final_norm")(x)
     return x  # [b, s, e]
 
 
@@ -559,7 +437,7 @@ class Decoder(nn.Module):
           causal=True,  # §3.2.3: no attention to later positions
       )
     cross_mask = AttentionMask(
-        key_valid=source_ids(inputs) != PAD_ID,  # [b, s]
+        key_valid=inputs != PAD_ID,  # [b, s]
         extra=None
         if targets_segmentation is None
         else segment_mask(targets_segmentation, inputs_segmentation),  # [b, 1, t, s]
@@ -584,7 +462,7 @@ class Decoder(nn.Module):
       for i in range(cfg.decoder_layers):
         y = layer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask, cache_slots)
     if cfg.norm_position == "pre":
-      y = _layer_norm(cfg, "final_norm")(y)
+      y = layer_norm(cfg, "final_norm")(y)
     return y  # [b, t, e]
 
 
@@ -599,11 +477,6 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    if cfg.chart_labels:  # an encoder and a span chart, no decoder (SpanChart)
-      self.source_embedding = Embed(cfg)
-      self.encoder = Encoder(cfg, embed=self.source_embedding)
-      self.chart = SpanChart(cfg)
-      return
     if cfg.share_embeddings:
       # §3.4: the same weight matrix for both embedding layers and the pre-softmax projection.
       self.shared_embedding = Embed(cfg)
@@ -613,7 +486,7 @@ class Transformer(nn.Module):
       self.target_embedding = Embed(cfg)
       source_embed, target_embed = self.source_embedding, self.target_embedding
       self.output_projection = nn.DenseGeneral(
-          cfg.num_outputs,
+          cfg.vocab_size,
           use_bias=False,
           dtype=cfg.dtype,
           param_dtype=cfg.param_dtype,
@@ -621,22 +494,11 @@ class Transformer(nn.Module):
               default_kernel_init, (sharding.EMBED, sharding.VOCAB)
           ),
       )
-    if cfg.share_embeddings and cfg.output_tokens:
-      # The weights of the one output for every id from `output_tokens` on (model/config.py),
-      # drawn as an embedding row is.
-      self.other_output = self.param(
-          "other_output",
-          nn.with_logical_partitioning(
-              nn.initializers.normal(stddev=cfg.d_model**-0.5), (sharding.EMBED,)
-          ),
-          (cfg.d_model,),
-          cfg.param_dtype,
-      )
     self.encoder = Encoder(cfg, embed=source_embed)
     self.decoder = Decoder(cfg, embed=target_embed)
 
   def encode(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
-    """inputs [b, s] (or [b, s, 1 + C] with `source_chars`) -> encoded [b, s, e]."""
+    """inputs [b, s] -> encoded [b, s, e]."""
     return self.encoder(inputs, inputs_positions, inputs_segmentation)
 
   def decode(
@@ -649,7 +511,7 @@ class Transformer(nn.Module):
       targets_segmentation=None,
       cache_slots=None,
   ) -> jax.Array:
-    """-> logits [b, t, num_outputs] (the vocabulary unless `output_tokens`), float32. In decode
+    """-> logits [b, t, v], float32. In decode
     mode t = 1 and `encoded` may be None (cached).
 
     Decode mode with k beams per sentence: decoder_inputs has b*k rows (sentence-major) while
@@ -667,12 +529,7 @@ class Transformer(nn.Module):
     )
     if not self.config.share_embeddings:
       return self.output_projection(y).astype(jnp.float32)
-    logits = self.shared_embedding.attend(y)
-    if self.config.output_tokens:  # and one output for every later id
-      other = self.other_output.astype(self.config.dtype)
-      other_logit = jnp.einsum("bte,e->bt", y, other, preferred_element_type=jnp.float32)
-      logits = jnp.concatenate([logits, other_logit[..., None]], axis=-1)
-    return logits
+    return self.shared_embedding.attend(y)
 
   def __call__(
       self,
@@ -683,11 +540,8 @@ class Transformer(nn.Module):
       inputs_segmentation=None,
       targets_segmentation=None,
   ) -> jax.Array:
-    """inputs [b, s], decoder_inputs [b, t] (BOS + target, shifted right) -> logits [b, t, v];
-    with `chart_labels`, SpanChart's (spans [b, s, s, L], tags [b, s, T]) and no decoder."""
+    """inputs [b, s], decoder_inputs [b, t] (BOS + target, shifted right) -> logits [b, t, v]."""
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
-    if self.config.chart_labels:
-      return self.chart(encoded)
     return self.decode(
         encoded,
         inputs,

@@ -1,17 +1,18 @@
-"""A trained run, loaded for inference: its config, vocabulary and parameters, and translation.
+"""A trained run, loaded for inference: its config, vocabulary and parameters, and decoding.
 
-  run = inference.load_run(workdir)            # "auto"; or "latest", "avg", a step number
-  run.translate_lines(["A man rides a bike."])  # -> ["Ein Mann fährt Fahrrad."]
+  run = inference.load_run(workdir)         # "auto"; or "latest", "avg", a step number
+  run.decode_lines(["A man rides a bike."])  # -> ["Ein Mann fährt Fahrrad."] (a translation run)
 
 Only the parameters are read from a checkpoint (an Orbax partial restore of `state/params`): no
-optimizer state, no optimizer, no train step. `translate_sources` is the one translation path
-(the commands and training's evaluations): it sorts sentences by length, cuts them into batches
+optimizer state, no optimizer, no train step. `decode_sources` is the one decoding path of every
+task (the commands and training's evaluations): it sorts sentences by length, cuts them into batches
 of about `batch_tokens` source tokens padded to a few bucket lengths (one compiled search per
-bucket), decodes them with `decode.Predictor`, and returns them in input order. Decoding
+bucket), decodes them with the run's predictor (`decode.Predictor`, or the task's), and returns
+them in input order. Decoding
 settings (beam size, α) can be changed per call without reloading or recompiling for α.
 
-This module is library code; the commands that use it are translate, tune_decoding, average,
-plot_attention and benchmarks/decode.py.
+This module is library code; the commands that use it are translate, parse, tune_decoding,
+average, plot_attention and benchmarks/decode.py.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import orbax.checkpoint as ocp
 
 from transformer_jax import config as config_lib
 from transformer_jax import errors, tasks
-from transformer_jax.data import batching, pipeline
+from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from transformer_jax.decoding import decode
 from transformer_jax.model.config import TransformerConfig
@@ -41,7 +42,7 @@ from transformer_jax.parallel import sharding, xla_flags
 from transformer_jax.runs import checkpoint
 
 CHECKPOINT_CHOICES = "a step number, 'latest', 'avg' or 'auto'"
-# Source tokens per translation batch (rows = batch_tokens // bucket length): measured on the
+# Source tokens per decoding batch (rows = batch_tokens // bucket length): measured on the
 # Multi30k model on a 2-core CPU, see benchmarks/decode.py.
 DEFAULT_BATCH_TOKENS = 2048
 
@@ -89,14 +90,14 @@ def set_values(config: ml_collections.ConfigDict, values: dict[str, Any]) -> Non
     section[key] = value
 
 
-def abstract_params(model_config: TransformerConfig, param_sharding) -> Any:
+def abstract_params(model: nn.Module | TransformerConfig, param_sharding) -> Any:
   """ShapeDtypeStructs of the model's parameters (nothing computed), laid out by
-  `param_sharding`."""
-  dummy, targets = model_config.dummy_inputs(), jnp.zeros((1, 8), jnp.int32)
+  `param_sharding`. `model`: the run's (a TransformerConfig: the paper's Transformer of it)."""
+  if isinstance(model, TransformerConfig):
+    model = Transformer(model)
+  dummy, targets = model.config.dummy_inputs(), jnp.zeros((1, 8), jnp.int32)
   shapes = jax.eval_shape(
-      lambda: nn.unbox(Transformer(model_config).init(jax.random.PRNGKey(0), dummy, targets))[
-          "params"
-      ]
+      lambda: nn.unbox(model.init(jax.random.PRNGKey(0), dummy, targets))["params"]
   )
   return jax.tree.map(
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=param_sharding), shapes
@@ -182,15 +183,20 @@ def resolve_checkpoint(workdir: str, which: str, average_last: int) -> tuple[str
 
 @dataclasses.dataclass
 class LoadedRun:
-  """A trained run ready to translate. `predictor` takes α and the beam size per call."""
+  """A trained run ready to decode. `predictor` takes α and the beam size per call."""
 
   config: ml_collections.ConfigDict
+  task: Any  # tasks/base.py Task: the run's, resolved once where it was loaded
   tokenizer: Tokenizer
-  model_config: TransformerConfig
+  model: nn.Module  # the task's (Task.build_model)
   params: Any
   checkpoint: str  # which parameters: "step N" or "average of steps [...]"
   predictor: decode.Predictor
   mesh: jax.sharding.Mesh
+
+  @property
+  def model_config(self) -> TransformerConfig:
+    return self.model.config
 
   @property
   def beam_size(self) -> int:
@@ -207,11 +213,8 @@ class LoadedRun:
       return self
     config = ml_collections.ConfigDict(self.config.to_dict())
     set_values(config, overrides)
-    config_lib.validate(config)
-    task = tasks.get(config.task)
-    predictor = task.predictor(config, self.model_config, self.tokenizer) or eval_predictor(
-        config, self.model_config, task.constraint(config, self.tokenizer)
-    )
+    config_lib.validate(config, self.task)
+    predictor = run_predictor(config, self.task, self.model, self.tokenizer)
     return dataclasses.replace(self, config=config, predictor=predictor)
 
   def encode_lines(self, lines: Sequence[str]) -> list[list[int] | None]:
@@ -227,23 +230,23 @@ class LoadedRun:
       ids = self.tokenizer.encode(text)
       if len(ids) > limit:
         logging.warning(
-            "line %d has %d tokens; the model was trained on at most %d: translating its "
+            "line %d has %d tokens; the model was trained on at most %d: decoding its "
             "first %d", number, len(ids), limit, limit,
         )  # fmt: skip
         ids = ids[:limit]
       out.append(ids)
     return out
 
-  def translate_lines(self, lines: Sequence[str], **kwargs) -> list[str]:
-    """Translates each line, in order; empty lines stay empty. kwargs: see `translate_ids`."""
+  def decode_lines(self, lines: Sequence[str], **kwargs) -> list[str]:
+    """Decodes each line, in order; empty lines stay empty. kwargs: see `decode_ids`."""
     encoded = self.encode_lines(lines)
     where = [i for i, ids in enumerate(encoded) if ids is not None]
     out = [""] * len(lines)
-    for i, hyp in zip(where, self.translate_ids([encoded[i] for i in where], **kwargs)):
+    for i, hyp in zip(where, self.decode_ids([encoded[i] for i in where], **kwargs)):
       out[i] = hyp
     return out
 
-  def translate_ids(
+  def decode_ids(
       self,
       sources: Sequence[Sequence[int]],
       *,
@@ -252,9 +255,9 @@ class LoadedRun:
       batch_tokens: int | None = None,
       stats: dict | None = None,
   ) -> list[str]:
-    """Detokenized translations of token-id sources (no EOS), in order (`translate_sources`)."""
+    """The detokenized outputs of token-id sources (no EOS), in order (`decode_sources`)."""
     with jax.set_mesh(self.mesh):
-      outputs = translate_sources(
+      outputs = decode_sources(
           self.predictor,
           self.params,
           sources,
@@ -268,7 +271,7 @@ class LoadedRun:
     return [self.tokenizer.decode(tokens.tolist()) for tokens in outputs]
 
 
-def translate_sources(
+def decode_sources(
     predictor: decode.Predictor,
     params,
     sources: Sequence[Sequence[int]],
@@ -281,10 +284,10 @@ def translate_sources(
     stats: dict | None = None,
 ) -> list[np.ndarray]:
   """The output tokens (EOS then PAD) of each token-id source (no EOS), in order: the one
-  translation path of every command and of training's evaluations.
+  decoding path of every command and of training's evaluations, for every task.
 
-  Sentences are sorted by length and batched by tokens (`translation_batches`); each
-  sentence's output limit is its own (decode.py), so its translation does not depend on the
+  Sentences are sorted by length and batched by tokens (`decode_batches`); each
+  sentence's output limit is its own (decode.py), so its output does not depend on the
   batch. `stats`, if given, is filled with what the decoding cost: batches, rows (filler
   included), decoder steps and row-steps (sentences decoded at each step, summed).
   """
@@ -292,7 +295,7 @@ def translate_sources(
   batch_sharding = sharding.batch_sharding(mesh)
   rows_multiple = mesh.shape["data"] * mesh.shape["fsdp"]
   totals = {"batches": 0, "rows": 0, "steps": 0, "row_steps": 0}
-  for index, inputs in translation_batches(
+  for index, inputs in decode_batches(
       sources, bucket_lengths, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
   ):
     inputs_global = _to_global(batch_sharding, inputs)
@@ -310,15 +313,13 @@ def translate_sources(
   return out
 
 
-def translation_batches(
+def decode_batches(
     sources: Sequence[Sequence[int]],
     bucket_lengths: Sequence[int],
     batch_tokens: int,
     rows_multiple: int = 1,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """(index [B], inputs [B, L]) batches of every source (ids + EOS), sorted by length; sources
-  given as [n, 1 + C] arrays (ids and spellings, model/config.py `source_chars`) give inputs
-  [B, L, 1 + C].
+  """(index [B], inputs [B, L]) batches of every source (ids + EOS), sorted by length.
 
   Sentences go in order of length (stable), so a batch's sentences need about as many decoding
   steps as each other. A batch is padded to the bucket L of its longest sentence and has
@@ -333,8 +334,6 @@ def translation_batches(
       (min(len(s) + 1, bucket_lengths[-1]) for s in sources), np.int64, count=len(sources)
   )
   bucket_of = np.searchsorted(np.asarray(bucket_lengths), lengths)  # first bucket >= length
-  width = batching.feature_width(sources)  # [n, 1 + C] sources: ids and features
-  features = (width,) if width else ()
   order = np.argsort(lengths, kind="stable")
 
   def rows_for(bucket: int) -> int:
@@ -349,11 +348,11 @@ def translation_batches(
     index = order[start:end]
     bucket = int(bucket_of[index[-1]])
     length, rows = bucket_lengths[bucket], rows_for(bucket)
-    inputs = np.full((rows, length) + features, PAD_ID, np.int32)  # [B, L(, 1 + C)]
+    inputs = np.full((rows, length), PAD_ID, np.int32)  # [B, L]
     for row, i in enumerate(index):
-      ids = np.asarray(sources[i], np.int32)[: length - 1]  # [n(, 1 + C)]
+      ids = np.asarray(sources[i], np.int32)[: length - 1]  # [n]
       inputs[row, : len(ids)] = ids
-      inputs[row, len(ids)] = batching.marker(EOS_ID, features)
+      inputs[row, len(ids)] = EOS_ID
     inputs[len(index) :] = inputs[0]  # filler rows: a copy of the first sentence
     yield np.concatenate([index, np.full(rows - len(index), -1, index.dtype)]), inputs
     start = end
@@ -375,21 +374,22 @@ def load_run(
     shapes: str | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> LoadedRun:
-  """Config, vocabulary and parameters of the training run in `workdir`, ready to translate.
+  """Config, vocabulary and parameters of the training run in `workdir`, ready to decode.
 
   `which`: "latest", a step number, "avg" (the averaged checkpoint, §6.1), or "auto" (what the
   run's final evaluation used; see `resolve_checkpoint`). `beam_size`/`alpha` override the run's
-  eval settings (the defaults of `translate_*`), `shapes` its `eval.shapes` (batch_shapes.py)
+  eval settings (the defaults of `decode_*`), `shapes` its `eval.shapes` (batch_shapes.py)
   and `overrides` any other key (`load_config`).
   """
   config = load_config(workdir, beam_size, alpha, shapes, overrides)
+  task = tasks.get(config.task)  # the run's task, resolved once and handed down
   try:
     tokenizer = pipeline.load_workdir_tokenizer(workdir)
   except (FileNotFoundError, ValueError) as e:
     raise errors.UserError(str(e)) from e
-  model_config = config_lib.run_model_config(config, tokenizer)
+  model = task.build_model(config, tokenizer)
   mesh = sharding.make_mesh(config.mesh, devices)
-  abstract = abstract_params(model_config, sharding.replicated(mesh))
+  abstract = abstract_params(model, sharding.replicated(mesh))
   kind, step = resolve_checkpoint(workdir, which, config.train.average_last)
   if kind == "avg":
     try:
@@ -400,11 +400,16 @@ def load_run(
   else:
     params = restore_params(workdir, step, abstract)
     label = f"step {step}"
-  task = tasks.get(config.task)
-  predictor = task.predictor(config, model_config, tokenizer) or eval_predictor(
-      config, model_config, task.constraint(config, tokenizer)
+  predictor = run_predictor(config, task, model, tokenizer)
+  return LoadedRun(config, task, tokenizer, model, params, label, predictor, mesh)
+
+
+def run_predictor(config, task, model: nn.Module, tokenizer: Tokenizer) -> Any:
+  """What decodes a run of `task`: the task's predictor, or the search (`eval_predictor`) under
+  the task's constraint."""
+  return task.predictor(config, model, tokenizer) or eval_predictor(
+      config, model.config, task.constraint(config, tokenizer)
   )
-  return LoadedRun(config, tokenizer, model_config, params, label, predictor, mesh)
 
 
 def eval_predictor(config, model_config: TransformerConfig, constraint: Any) -> decode.Predictor:

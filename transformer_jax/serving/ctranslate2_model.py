@@ -88,26 +88,19 @@ def import_ctranslate2():
   return ctranslate2
 
 
-def unsupported_reason(model_config) -> str | None:
-  """Why CTranslate2 cannot express this model exactly (None: it can)."""
-  if model_config.chart_labels:
+def unsupported_reason(model) -> str | None:
+  """Why CTranslate2 cannot express this model exactly (None: it can). `model`: a run's model
+  (tasks/base.py `Task.build_model`), or the TransformerConfig of the paper's Transformer."""
+  from transformer_jax.model.config import TransformerConfig
+  from transformer_jax.model.transformer import Transformer
+
+  if not isinstance(model, TransformerConfig | Transformer):
     return (
-        "the model has no decoder but a span chart over its encoder (a task's chart_model, e.g. "
-        "parsing.decoder='chart'): CTranslate2 runs encoder-decoder searches only, so this model "
-        "cannot be exported to it"
+        f"the run's model is {type(model).__name__} (its task's own), not the paper's "
+        "encoder-decoder Transformer: CTranslate2 runs encoder-decoder searches only, so this "
+        "model cannot be exported to it"
     )
-  if model_config.output_tokens:
-    return (
-        f"the model scores {model_config.output_tokens} ids one by one and the rest as one "
-        "output (a task's output_tokens, e.g. parsing.word_output='one'): CTranslate2's "
-        "output layer scores every vocabulary id, so this model cannot be exported to it"
-    )
-  if model_config.source_chars:
-    return (
-        f"the encoder reads {model_config.source_chars} characters or affixes of each source "
-        "token beside its id (a task's source_chars, e.g. parsing.word_chars or word_affixes): "
-        "CTranslate2's encoder reads ids only, so this model cannot be exported to it"
-    )
+  model_config = model if isinstance(model, TransformerConfig) else model.config
   if model_config.relative_positions:
     return (
         f"model.relative_positions={model_config.relative_positions}: the encoder adds a learned "
@@ -354,9 +347,12 @@ def export_run(
   import_ctranslate2()
   from transformer_jax.runs import inference
 
-  # Checked before any parameter is read: the saved config alone says whether it can export.
+  # Checked before any parameter is read: the saved config (then its task's model, which needs
+  # the vocabulary) says whether it can.
   config = inference.load_config(workdir)
-  reason = unsupported_reason(_model_config(config))
+  reason = unsupported_reason(_model_config(config)) or unsupported_reason(
+      _run_model(config, workdir)
+  )
   if reason:
     raise ExportError(reason)
   run = inference.load_run(workdir, which)
@@ -392,3 +388,15 @@ def _model_config(config):
   from transformer_jax import config as config_lib
 
   return config_lib.model_config(config, vocab_size=64)  # placeholder vocabulary: shapes only
+
+
+def _run_model(config, workdir: str):
+  """The model of the run in `workdir` (its task's), nothing computed."""
+  from transformer_jax import errors, tasks
+  from transformer_jax.data import pipeline
+
+  try:
+    tokenizer = pipeline.load_workdir_tokenizer(workdir)
+  except (FileNotFoundError, ValueError) as e:
+    raise errors.UserError(str(e)) from None
+  return tasks.get(config.task).build_model(config, tokenizer)

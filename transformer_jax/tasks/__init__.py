@@ -73,6 +73,32 @@ def saved_task(saved: dict) -> str:
   return "parsing" if saved.get("data", {}).get("source") == "ptb" else "translation"
 
 
+# Keys of a parsing run that lived in the generic sections before the parsing task had its own
+# section: (section, key) then -> (task section, key) now.
+LEGACY_KEYS = {
+    ("data", "tree_closing"): ("parsing", "tree_closing"),
+    ("data", "tree_words"): ("parsing", "tree_words"),
+    ("data", "tree_order"): ("parsing", "tree_order"),
+    ("data", "word_dropout"): ("parsing", "word_dropout"),
+    ("train", "word_loss"): ("parsing", "word_loss"),
+    ("eval", "tree_constraints"): ("parsing", "tree_constraints"),
+}
+
+
+def saved_layout(saved: dict) -> dict:
+  """A copy of a run's saved config (a dict) in today's layout: its `task` named (`saved_task`),
+  and each key an older layout kept in a generic section (LEGACY_KEYS) moved to its task's
+  section, or dropped from a run of another task (which saved it at its default)."""
+  saved = json.loads(json.dumps(saved))  # a deep copy, to move keys in
+  saved["task"] = task = saved_task(saved)
+  for (section, key), (new_section, new_key) in LEGACY_KEYS.items():
+    if key in saved.get(section, {}):
+      value = saved[section].pop(key)
+      if task == new_section:
+        saved.setdefault(new_section, {})[new_key] = value
+  return saved
+
+
 def check_command(workdir: str, command: str) -> None:
   """A UserError naming the right command unless `command` decodes the run in `workdir`. A
   workdir without a readable config.json passes: loading the run reports that."""

@@ -3,8 +3,10 @@
 A task is an object with a `name` (its `config.task`), the `sources` (`config.data.source`
 values) it reads, the `command` that decodes its runs, and the hooks below; each has a default
 that does nothing, except reading data and scoring, which every task defines. Hooks that shape
-training (a batch transform, interchangeable tokens) and decoding (a constraint) are traced into
+training (a batch transform, the model and its loss) and decoding (a constraint) are traced into
 the jitted steps and searches: they are JAX-traceable functions and arrays, built once per run.
+A task that needs its own model or loss (a head in the place of the decoder, a loss of its own)
+builds them (`build_model`, `loss`); the generic model and training name no task.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
   import ml_collections
-  import numpy as np
 
   from transformer_jax.config import Check
   from transformer_jax.data.pipeline import Dataset
@@ -27,10 +28,15 @@ class Task:
   name: str = ""
   command: str | None = None  # python -m transformer_jax.<command> decodes its runs
   sources: tuple[str, ...] = ()  # the config.data.source values it reads
-  metric: str = ""  # the validation score (higher is better) tune_decoding maximizes
+  metric: str = ""  # the key of `scores` (higher is better) tune_decoding maximizes
   # Keys of its section a run keeps from its start: they shape its parameters or what they mean
   # (the vocabulary's classes); resuming a workdir under other values is refused (train.py).
   model_keys: tuple[str, ...] = ()
+  # Keys its section no longer has (experiments measured and not adopted; docs/experiments.md):
+  # key -> (kept(value, section) -> bool, what it was and the commit that has its code). A saved
+  # config.json whose value `kept` accepts loads without it; any other is refused, naming both
+  # (config.from_saved).
+  retired_keys: dict[str, tuple[Callable[[Any, dict], bool], str]] = {}
 
   def config_section(self) -> ml_collections.ConfigDict | None:
     """The defaults of the task's own keys, `config.<name>` (None: it has none)."""
@@ -53,48 +59,38 @@ class Task:
     train step with its own random stream (None: batches as they are)."""
     return None
 
-  def interchangeable_tokens(
+  def build_model(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Any:
+    """The run's model: a Flax module whose `config` is its TransformerConfig (modes by
+    `model.clone(config=model.config.replace(deterministic=True))`), initialized from
+    `(inputs, decoder_inputs)` and applied to a batch's model keys (training/train.py). Default:
+    the paper's Transformer over the tokenizer's vocabulary (`config.model`)."""
+    from transformer_jax import config as config_lib
+    from transformer_jax.model.transformer import Transformer
+
+    return Transformer(config_lib.model_config(config, tokenizer.vocab_size))
+
+  def loss(
       self, config: ml_collections.ConfigDict, tokenizer: Tokenizer
-  ) -> np.ndarray | None:
-    """[vocab] bool: tokens the loss scores as one class (training.losses); None: the paper's
-    loss, every token its own class."""
+  ) -> Callable[[Any, dict], tuple[Any, dict]]:
+    """`loss(outputs, batch) -> (loss_sum, metrics)`: what the train step differentiates, traced
+    into it; `outputs` is the model's, `metrics` holds the sums "loss_sum", "nll_sum",
+    "correct_sum" and "weight_sum" (the gradient is divided by the batch's "weight_sum").
+    Default: §5.4's label-smoothed cross entropy of the logits against `batch["targets"]`."""
+    import functools
+
+    from transformer_jax.training import losses
+
+    return functools.partial(losses.sequence_loss, label_smoothing=config.train.label_smoothing)
+
+  def batch_keys(self, config: ml_collections.ConfigDict) -> tuple[str, ...] | None:
+    """The keys of a training batch (data/batching.py) that the model and the loss read: only
+    these go to the devices. None: all of them."""
     return None
 
-  def output_tokens(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> int:
-    """N > 0: the decoder scores ids 0..N-1 one by one and every later id (and the
-    `interchangeable_tokens`) as one output (a deviation: model/config.py's `output_tokens`,
-    config.run_model_config); 0: every id its own output, the paper's."""
-    return 0
-
-  def source_chars(self, config: ml_collections.ConfigDict) -> int:
-    """C > 0: each source token comes with C character ids of its spelling, whose features the
-    encoder adds to its embedding (a deviation: model/config.py's `source_chars`; the task's
-    sources are then [n, 1 + C] arrays); 0: a token is its id, the paper's."""
-    return 0
-
-  def source_affixes(self, config: ml_collections.ConfigDict) -> bool:
-    """True: the C ids of `source_chars` are hashed affixes, embedded and summed (a deviation:
-    model/config.py's `source_affixes`); False: characters."""
-    return False
-
-  def has_decoder(self, config: ml_collections.ConfigDict) -> bool:
-    """False where `chart_model` gives the model no decoder: what the config's checks need to
-    know before there is a vocabulary (a model without one may see order by relative positions
-    alone, model/config.py `positional="none"`)."""
-    return True
-
-  def chart_model(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> dict:
-    """{"chart_labels": L, "chart_tags": T, "chart_hidden": H}: the model has no decoder but a
-    span chart over its encoder (a deviation: model/config.py `chart_labels`; its targets are
-    training/losses.py's chart targets, its search the task's `predictor`); {}: the paper's
-    encoder-decoder."""
-    return {}
-
-  def predictor(
-      self, config: ml_collections.ConfigDict, model_config: Any, tokenizer: Tokenizer
-  ) -> Any:
+  def predictor(self, config: ml_collections.ConfigDict, model: Any, tokenizer: Tokenizer) -> Any:
     """What decodes the run's sources in the place of the beam search (an object with
-    decoding.decode.Predictor's `search`, `searches` and `programs`), or None: the search."""
+    decoding.decode.Predictor's `search`, `searches` and `programs`; `model` is `build_model`'s),
+    or None: the search, over the paper's Transformer."""
     return None
 
   def constraint(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Any:
@@ -114,6 +110,8 @@ class Task:
       hypotheses: Sequence[str],
       pairs: Sequence[Pair],
       workdir: str | None,
+      tag: str = "",
   ) -> dict:
-    """The test split's scores for results.json; its outputs written to `workdir` if given."""
+    """The test split's scores for results.json; its outputs written to `workdir` if given, in
+    files whose names carry `tag` ("tuned": tune_decoding's) before their extension."""
     raise NotImplementedError

@@ -24,17 +24,20 @@ class TranslationTask(base.Task):
     return pipeline.load_corpus(config, workdir, splits)
 
   def scores(self, config, hypotheses, pairs):
-    return {"bleu": bleu.corpus_bleu(hypotheses, [t for _, t in pairs]).score}
+    corpus = bleu.corpus_bleu(hypotheses, [t for _, t in pairs])
+    return {"bleu": corpus.score, "length_ratio": corpus.sys_len / max(corpus.ref_len, 1)}
 
-  def test_results(self, config, hypotheses, pairs, workdir):
-    """Test sacreBLEU and tokenized BLEU; the translations go to test_translations.txt."""
+  def test_results(self, config, hypotheses, pairs, workdir, tag=""):
+    """Test sacreBLEU and tokenized BLEU; the translations go to test_translations.txt (with
+    `tag`, test_translations.TAG.txt)."""
     references = [t for _, t in pairs]
     corpus = bleu.corpus_bleu(hypotheses, references)
     lang = config.data.target_lang
     tokenized = bleu.tokenized_bleu(hypotheses, references, lang)
     tokenized_lowercase = bleu.tokenized_bleu(hypotheses, references, lang, lowercase=True)
     if workdir is not None:
-      with open(os.path.join(workdir, TEST_TRANSLATIONS), "w") as f:
+      name = TEST_TRANSLATIONS.replace(".txt", f".{tag}.txt") if tag else TEST_TRANSLATIONS
+      with open(os.path.join(workdir, name), "w") as f:
         f.writelines(h + "\n" for h in hypotheses)
     return {
         "test_bleu": float(corpus.score),

@@ -33,13 +33,14 @@ import tqdm
 from transformer_jax import cli, errors, files, tasks
 from transformer_jax import config as config_lib
 from transformer_jax.data import batching, pipeline
-from transformer_jax.model.config import PAD_ID, TransformerConfig
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import distributed, sharding, xla_flags
 from transformer_jax.runs import checkpoint, inference, workdir_lock
 from transformer_jax.training import losses, optim, preemption
 
 # Keys of a batch the model reads; "targets" feeds the loss only, "index" is host-side only.
+# A task's model may read fewer (tasks/base.py `Task.batch_keys`).
 MODEL_KEYS = (
     "inputs",
     "decoder_inputs",
@@ -48,6 +49,10 @@ MODEL_KEYS = (
     "inputs_segmentation",
     "targets_segmentation",
 )
+
+
+# loss(outputs, batch) -> (loss_sum, metric sums): the task's (tasks/base.py `Task.loss`).
+Loss = Callable[[Any, dict], tuple[jax.Array, dict]]
 
 
 @flax.struct.dataclass
@@ -64,36 +69,10 @@ def _model_kwargs(batch: dict) -> dict:
   return {k: batch[k] for k in MODEL_KEYS if k in batch}
 
 
-def loss_and_metrics(
-    params, batch, *, model: Transformer, label_smoothing: float, rngs=None, interchangeable=None
-):  # fmt: skip
-  """Summed label-smoothed loss over non-pad target tokens, plus metric sums. `interchangeable`
-  [v] bool: tokens scored as one class (a task's loss variant, training/losses.py). A span
-  chart's loss (`chart_labels`) is its labels' and tags' cross entropy, unsmoothed, over the
-  source tokens; its accuracy the tags'."""
-  if model.config.chart_labels:  # a span chart (model/transformer.py SpanChart)
-    spans, tags = model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs)
-    nll_sum, correct, weight_sum = losses.chart_cross_entropy(
-        spans, tags, batch["targets"], model.config.chart_loss
-    )
-    metrics = {"loss_sum": nll_sum, "nll_sum": nll_sum, "correct_sum": correct}
-    return nll_sum, {**metrics, "weight_sum": weight_sum}
-  logits = model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs)  # [b, t, v]
-  targets = batch["targets"]
-  weights = (targets != PAD_ID).astype(jnp.float32)  # [b, t]
-  if model.config.output_tokens:  # the set is one of the model's outputs
-    targets = losses.output_targets(targets, model.config.output_tokens, interchangeable)
-    interchangeable = None
-  loss_sum, nll_sum, weight_sum = losses.label_smoothed_cross_entropy(
-      logits, targets, weights, label_smoothing, interchangeable
-  )
-  metrics = {
-      "loss_sum": loss_sum,
-      "nll_sum": nll_sum,
-      "correct_sum": losses.token_accuracy(logits, targets, weights, interchangeable),
-      "weight_sum": weight_sum,
-  }
-  return loss_sum, metrics
+def loss_and_metrics(params, batch, *, model: nn.Module, loss: Loss, rngs=None):
+  """`loss(outputs, batch)`: the summed loss and metric sums of the model's outputs on `batch`
+  (the task's loss, tasks/base.py `Task.loss`; the paper's by default)."""
+  return loss(model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs), batch)
 
 
 def train_step(
@@ -101,30 +80,21 @@ def train_step(
     batch: dict,
     dropout_rng: jax.Array,
     *,
-    model: Transformer,
+    model: nn.Module,
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
-    label_smoothing: float,
+    loss: Loss,
     grad_accum_steps: int,
     batch_transform: Callable[[dict, jax.Array], dict] | None = None,
-    interchangeable: np.ndarray | None = None,
 ) -> tuple[TrainState, dict]:
   """One update. The gradient is of the loss summed over the batch's target tokens, divided by
   their count: the mean over the whole global batch, however it is split into micro-batches.
-  `batch_transform(batch, rng)` (the task's, tasks/base.py) is applied first; `interchangeable`:
-  see `loss_and_metrics`."""
+  `batch_transform(batch, rng)` (the task's, tasks/base.py) is applied first; `loss`: see
+  `loss_and_metrics`."""
   rng = jax.random.fold_in(dropout_rng, state.step)
   if batch_transform is not None:  # its own stream: the dropout masks stay those without it
     batch = batch_transform(batch, jax.random.fold_in(rng, 2**31 - 1))
-  grad_fn = jax.grad(
-      functools.partial(
-          loss_and_metrics,
-          model=model,
-          label_smoothing=label_smoothing,
-          interchangeable=interchangeable,
-      ),
-      has_aux=True,
-  )
+  grad_fn = jax.grad(functools.partial(loss_and_metrics, model=model, loss=loss), has_aux=True)
 
   if grad_accum_steps == 1:
     grads, metrics = grad_fn(state.params, batch, rngs={"dropout": rng})
@@ -165,12 +135,8 @@ def train_step(
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(
-    params, batch, *, model: Transformer, label_smoothing: float, interchangeable=None
-) -> dict:
-  return loss_and_metrics(
-      params, batch, model=model, label_smoothing=label_smoothing, interchangeable=interchangeable
-  )[1]
+def eval_step(params, batch, *, model: nn.Module, loss: Loss) -> dict:
+  return loss_and_metrics(params, batch, model=model, loss=loss)[1]
 
 
 def summarize(metric_sums: dict) -> dict:
@@ -194,18 +160,31 @@ class Trainer:
   def __init__(
       self,
       config: ml_collections.ConfigDict,
-      model_config: TransformerConfig,
+      model: nn.Module | TransformerConfig,
       devices: list[jax.Device] | None = None,
-      constraint: Any = None,
+      *,
+      loss: Loss | None = None,
+      batch_keys: tuple[str, ...] | None = None,
       batch_transform: Callable[[dict, jax.Array], dict] | None = None,
-      interchangeable: np.ndarray | None = None,
+      constraint: Any = None,
       predictor: Any = None,
+      task: Any = None,
   ):
-    """`constraint`: the searches'; `batch_transform`, `interchangeable`: `train_step`'s;
-    `predictor`: what decodes in the place of the search (a span chart's parses). The run's task
-    supplies all four (tasks/base.py); by default none."""
+    """`task`: the run's (tasks/base.py; None: `config.task`'s), which scores its evaluations.
+    `model`: the run's (a TransformerConfig: the paper's Transformer of it); `loss`,
+    `batch_transform`: `train_step`'s (default: the paper's loss, none); `batch_keys`: the keys
+    of a batch sent to the devices (None: all); `constraint`: the searches'; `predictor`: what
+    decodes in the place of the search (a span chart's parses). The run's task supplies them
+    (tasks/base.py, `Trainer.for_task`)."""
+    if isinstance(model, TransformerConfig):
+      model = Transformer(model)
+    model_config = model.config
+    if loss is None:
+      loss = functools.partial(losses.sequence_loss, label_smoothing=config.train.label_smoothing)
     self.config = config
+    self.task = tasks.get(config.task) if task is None else task
     self.model_config = model_config
+    self.batch_keys = batch_keys
     self.mesh = sharding.make_mesh(config.mesh, devices)
     self.rules = sharding.get_rules(config.sharding_rules)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
@@ -224,8 +203,8 @@ class Trainer:
         eps=config.train.adam_eps,
         grad_clip_norm=config.train.grad_clip_norm,
     )
-    self.train_model = Transformer(model_config)
-    self.eval_model = Transformer(model_config.replace(deterministic=True))
+    self.train_model = model
+    self.eval_model = model.clone(config=model_config.replace(deterministic=True))
     self.state_shardings = sharding.logical_to_shardings(
         jax.eval_shape(self._init_boxed, jax.random.PRNGKey(0)), self.mesh, self.rules
     )
@@ -237,10 +216,9 @@ class Trainer:
         model=self.train_model,
         optimizer=self.optimizer,
         schedule=self.schedule,
-        label_smoothing=config.train.label_smoothing,
+        loss=loss,
         grad_accum_steps=config.train.grad_accum_steps,
         batch_transform=batch_transform,  # its arrays are constants of the compiled step
-        interchangeable=interchangeable,  # [v] bool, likewise
     )
     self._jit_train_step = jax.jit(
         step,
@@ -249,16 +227,28 @@ class Trainer:
         donate_argnums=(0,),
     )
     self._jit_eval_step = jax.jit(
-        functools.partial(
-            eval_step,
-            model=self.eval_model,
-            label_smoothing=config.train.label_smoothing,
-            interchangeable=interchangeable,
-        ),
+        functools.partial(eval_step, model=self.eval_model, loss=loss),
         in_shardings=(self.state_shardings.params, self.batch_sharding),
         out_shardings=self.replicated,
     )
     self.predictor = predictor or inference.eval_predictor(config, model_config, constraint)
+
+  @classmethod
+  def for_task(cls, config, task, tokenizer, devices=None) -> Trainer:
+    """The trainer of a run of `task` over `tokenizer`'s vocabulary: its model, loss, batch keys,
+    batch transform, constraint and predictor (tasks/base.py)."""
+    model = task.build_model(config, tokenizer)
+    return cls(
+        config,
+        model,
+        devices,
+        loss=task.loss(config, tokenizer),
+        batch_keys=task.batch_keys(config),
+        batch_transform=task.batch_transform(config, tokenizer),
+        constraint=task.constraint(config, tokenizer),
+        predictor=task.predictor(config, model, tokenizer),
+        task=task,
+    )
 
   @property
   def num_batch_shards(self) -> int:
@@ -288,10 +278,11 @@ class Trainer:
 
   def to_global(self, local_batch: dict) -> dict:
     """This process's rows -> one global array per key, split over the batch mesh axes."""
+    keys = self.batch_keys
     return {
         k: jax.make_array_from_process_local_data(self.batch_sharding, v)
         for k, v in local_batch.items()
-        if k != "index"
+        if k != "index" and (keys is None or k in keys)
     }
 
   def train_step(self, state, batch, dropout_rng):
@@ -308,9 +299,9 @@ class Trainer:
 
   def decode(self, params, examples, bucket_lengths, tokenizer) -> list[str]:
     """The outputs of `examples`' sources with the run's decoding settings, as text, in order:
-    the path the commands take (`inference.translate_sources`). References are never read."""
+    the path the commands take (`inference.decode_sources`). References are never read."""
     with self._context():
-      outputs = inference.translate_sources(
+      outputs = inference.decode_sources(
           self.predictor,
           params,
           [source for source, _ in examples],
@@ -439,7 +430,7 @@ def _tensorboard_writer(workdir: str):
 EXECUTION_ONLY_MODEL_KEYS = ("attention_impl", "remat_policy")
 
 
-def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
+def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict, task):
   """A workdir belongs to one model: resuming it under a different model config is an error."""
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
@@ -453,7 +444,6 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict):
         for k, v in current["model"].items()
         if saved_model.get(k) != v and k not in EXECUTION_ONLY_MODEL_KEYS
     }
-    task = tasks.get(config.task)
     for key in task.model_keys:  # the task's keys fixed at a run's start (tasks/base.py)
       was, now = saved[task.name].get(key), current[task.name][key]
       if was != now:
@@ -561,14 +551,15 @@ def run(
   this process first joins the multi-process job (see distributed.py). The run holds the
   workdir's lock (workdir_lock.py): a second run on it is refused before anything is written.
   """
-  config_lib.validate(config)
+  task = tasks.get(config.task)  # the run's task, resolved once and handed down
+  config_lib.validate(config, task)
   cli.check_directory(workdir)  # a file at it, or at a parent: before anything is written
   xla_flags.apply(config.xla_flags)  # before JAX creates a backend, which reads XLA_FLAGS
   distributed.initialize(config)  # before anything asks JAX for devices or the process index
   _check_devices(config, devices)  # a mesh or batch this machine cannot hold: before any data
   cli.make_directory(workdir)
   with workdir_lock.hold(workdir, "train"):  # one writer: a second run is refused here
-    return _train(config, workdir, devices)
+    return _train(config, workdir, devices, task)
 
 
 @dataclasses.dataclass
@@ -587,10 +578,10 @@ class _Session:
   log: MetricLog | None = None
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
+def _train(config: ml_collections.ConfigDict, workdir: str, devices, task) -> dict:
   """`run`'s work, under the workdir's lock: open the run, train, then finish it."""
-  _check_workdir_config(workdir, config)
-  run = _open_session(config, workdir, devices)
+  _check_workdir_config(workdir, config, task)
+  run = _open_session(config, workdir, devices, task)
   state = _restore_or_init(
       run.manager, run.trainer, run.train_iter, run.chrono, config.seed, workdir
   )
@@ -614,21 +605,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices) -> dict:
   return results
 
 
-def _open_session(config: ml_collections.ConfigDict, workdir: str, devices) -> _Session:
+def _open_session(config: ml_collections.ConfigDict, workdir: str, devices, task) -> _Session:
   """The dataset (vocabulary written or reused), the trainer over `devices`, the training
   iterator, the checkpoint manager and the run's clock."""
-  dataset = pipeline.load_dataset(config, workdir)  # writes or reuses workdir/vocab.*
-  model_config = config_lib.run_model_config(config, dataset.tokenizer)
-  task, tokenizer = tasks.get(config.task), dataset.tokenizer
-  trainer = Trainer(
-      config,
-      model_config,
-      devices,
-      task.constraint(config, tokenizer),
-      task.batch_transform(config, tokenizer),
-      task.interchangeable_tokens(config, tokenizer),
-      task.predictor(config, model_config, tokenizer),
-  )
+  dataset = pipeline.load_dataset(config, workdir, task=task)  # writes or reuses workdir/vocab.*
+  trainer = Trainer.for_task(config, task, dataset.tokenizer, devices)
+  model_config = trainer.model_config
   train_iter = train_batches(config, dataset, trainer)
   logging.info(
       "model: %s; %d train pairs (%d truncated); rows per bucket %s; mesh %s",
@@ -832,7 +814,7 @@ def _periodic_eval(trainer, dataset, num_sentences, buckets, log, params, step, 
   values = trainer.evaluate_loss(params, examples, buckets)
   values.update(_train_subset_loss(trainer, params, train_examples, buckets))
   hypotheses = trainer.decode(params, examples, buckets, dataset.tokenizer)
-  values.update(tasks.get(trainer.config.task).scores(trainer.config, hypotheses, pairs))
+  values.update(trainer.task.scores(trainer.config, hypotheses, pairs))
   values["elapsed_s"] = elapsed_s
   log.write(step, "eval", values)
   _log_samples(log, step, "eval/translations", hypotheses, references)
@@ -876,7 +858,7 @@ def final_evaluation(
   train_metrics = _train_subset_loss(trainer, params, train_subset, buckets)
   hypotheses = trainer.decode(params, test_split.examples, buckets, dataset.tokenizer)
   references = [t for _, t in test_split.pairs]
-  test_metrics = tasks.get(trainer.config.task).test_results(
+  test_metrics = trainer.task.test_results(
       trainer.config, hypotheses, test_split.pairs, workdir if distributed.is_chief() else None
   )
   if log is not None:

@@ -11,9 +11,7 @@ writes the linearized tree; `config.parsing.decoder`).
 
 `cky(scores)` finds the binary bracketing of the words whose spans' best label scores sum
 highest; spans labeled `EMPTY` in it are dropped, so a phrase's children need not be two. With
-a tree CRF's potentials as scores (`parsing.chart_loss="tree"`), that is the most probable tree;
-with the log-probabilities of independent span labels (`"spans"`, Teng & Zhang 2018's local
-model), scored relative to `EMPTY`'s, the most probable labeling of every span.
+a tree CRF's potentials as scores (chart_model.py), that is the most probable tree.
 """
 
 from __future__ import annotations
@@ -180,13 +178,13 @@ def classes(vocabulary: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def targets(tree: trees.Tree, label_index: dict[str, int], tag_index: dict[str, int]) -> np.ndarray:
-  """[n, 5] int32: a tree as a span chart's targets (training/losses.py CHART_COLUMNS): each word's
+  """[n, 5] int32: a tree as a span chart's targets (chart_model.py CHART_COLUMNS): each word's
   tag class + CHART_TAG_OFFSET, the label of its one-word span, and the label, first and last
   word of the node its right edge splits in the tree's right-branching binarization: a phrase
   (c1 c2 ... cm) is (c1 (c2 (... cm))), the phrase split after c1 and `EMPTY`-labeled nodes
   after the later children. Every word but the last splits one node. Labels and tags not in the
   indexes -> 0."""
-  from transformer_jax.training.losses import CHART_COLUMNS, CHART_TAG_OFFSET
+  from transformer_jax.tasks.parsing.chart_model import CHART_COLUMNS, CHART_TAG_OFFSET
 
   tagged = tree.tagged_words()
   out = np.zeros((len(tagged), CHART_COLUMNS), np.int32)
@@ -223,17 +221,15 @@ def targets(tree: trees.Tree, label_index: dict[str, int], tag_index: dict[str, 
 
 class ChartSearch:
   """A span chart run's parses, in the place of a decoder's search (decoding.decode.Predictor,
-  runs/inference.py `translate_sources`): one jitted pass of the encoder and the chart per batch,
+  runs/inference.py `decode_sources`): one jitted pass of the encoder and the chart per batch,
   then `cky` on the host, each tree written as the run's linearization (token ids, EOS, PAD), so
   that scoring, the commands and `delinearize` read it as they read a decoder's. Beam size and α
   have no meaning here; they are accepted and ignored."""
 
-  def __init__(self, model_config, tokenizer, linearization: trees.Linearization):
+  def __init__(self, model, tokenizer, linearization: trees.Linearization):
     import jax
 
-    from transformer_jax.model.transformer import Transformer
-
-    self.model = Transformer(model_config.replace(deterministic=True))
+    self.model = model.clone(config=model.config.replace(deterministic=True))  # ChartParser
     self.labels, self.tags = classes(tokenizer.words)
     self.linearization = linearization
     self.ids = {token: tokenizer.encode(token)[0] for token in tokenizer.words if token[:1] in "()"}
@@ -241,19 +237,12 @@ class ChartSearch:
     self._scores = jax.jit(self._chart_scores)
 
   def _chart_scores(self, params, inputs):
-    import jax
     import jax.numpy as jnp
 
-    spans, tags = self.model.apply({"params": params}, inputs, None)  # [b, s, s, L], [b, s, T]
-    if self.model.config.chart_loss == "tree":  # a tree's score: its spans' logits summed
-      relative = spans
-    else:
-      log_p = jax.nn.log_softmax(spans, axis=-1)
-      # A tree's log-probability is the sum over all spans, in the tree or not (labeled EMPTY):
-      # relative to EMPTY's, a span's best label adds log p(label) - log p(EMPTY) >= 0.
-      relative = log_p - log_p[..., :1]  # [b, s, s, L]
-    phrase = jnp.argmax(relative[..., 1:], axis=-1) + 1  # [b, s, s]: the best label not EMPTY
-    best = (jnp.max(relative, axis=-1), jnp.argmax(relative, axis=-1), phrase)
+    spans, tags = self.model.apply({"params": params}, inputs)  # [b, s, s, L], [b, s, T]
+    # A tree's score is its spans' logits summed (the TreeCRF's potentials, chart_model.py).
+    phrase = jnp.argmax(spans[..., 1:], axis=-1) + 1  # [b, s, s]: the best label not EMPTY
+    best = (jnp.max(spans, axis=-1), jnp.argmax(spans, axis=-1), phrase)
     return (*best, jnp.argmax(tags, axis=-1))
 
   def search(self, params, inputs, alpha=None, beam_size=None, stats=None, sentences=None):
@@ -263,8 +252,7 @@ class ChartSearch:
 
     self.shapes.add(tuple(inputs.shape))
     best, label, phrase, tag = (distributed.gather(x) for x in self._scores(params, inputs))
-    ids = distributed.gather(inputs)
-    ids = ids if ids.ndim == 2 else ids[..., 0]  # [b, s]
+    ids = distributed.gather(inputs)  # [b, s]
     rows = []
     for row in range(ids.shape[0]):
       n = int(np.argmax(ids[row] == EOS_ID)) if (ids[row] == EOS_ID).any() else ids.shape[1]

@@ -110,17 +110,14 @@ class Parser:
       stats: dict | None = None,
   ) -> list[trees.Restored]:
     """`trees.Restored` (the tree and how many repairs it needed) of each sentence, in order;
-    `stats` as `LoadedRun.translate_ids`'."""
+    `stats` as `LoadedRun.decode_ids`'."""
     words = [words_of(s, tokenized) for s in sentences]
     self.check(words)
     run = self.run
     known = set(run.tokenizer.words)
     p = run.config.parsing
-    encoded = [
-        ptb.encode_source(run.tokenizer, known, w, p.suffix_letters, p.word_chars, p.word_affixes)
-        for w in words
-    ]
-    hypotheses = run.translate_ids(encoded, beam_size=beam_size, alpha=alpha, stats=stats)
+    encoded = [ptb.encode_words(run.tokenizer, known, w, p.suffix_letters) for w in words]
+    hypotheses = run.decode_ids(encoded, beam_size=beam_size, alpha=alpha, stats=stats)
     linearization = trees.Linearization.from_config(run.config.parsing)
     return scoring.to_trees(hypotheses, words, linearization)
 

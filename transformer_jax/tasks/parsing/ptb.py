@@ -33,19 +33,6 @@ each vocabulary word is read as its class with that probability, in the source a
 alike (`word_class_table`; train.drop_words), so that the model learns more of what a word's
 shape and suffix say than the 3k trees of the sample teach it about each word.
 
-Spellings (`config.parsing.word_chars` K, a deviation, off by default): each source word comes
-with its first and last K characters (`spelling`, `encode_source`), which the encoder embeds and
-adds to the word's embedding (model/transformer.py SpellingFeatures): a word read as its class
-(unknown, or dropped) still shows its letters, as the character features of other parsers do.
-Targets stay ids.
-
-Affixes (`config.parsing.word_affixes` K, a deviation, off by default): each source word comes
-instead with its proper beginnings and endings of 1..K letters, lowercased and hashed (`affixes`),
-which the encoder embeds, sums and adds to the word's embedding (model/transformer.py
-AffixFeatures): what a rare word shares with many others ("-ed", "un-"), never the whole word.
-On the sample's 3k trees the span chart still learns them as keys to the training words
-(docs/experiments.md, "more dropout and a word's affixes").
-
 A span chart (`config.parsing.decoder="chart"`, a deviation, off by default) has no decoder: its
 targets are each word's row of the tree's chart (chart.targets: the word's tag, the label of its
 one-word span and the node its right edge splits), and its vocabulary also holds the unary
@@ -58,7 +45,6 @@ import collections
 import logging
 import os
 import re
-import zlib
 from collections.abc import Sequence
 
 import jax
@@ -69,7 +55,6 @@ import numpy as np
 from transformer_jax import errors
 from transformer_jax import files as files_lib
 from transformer_jax.data.tokenizer import RESERVED_TOKENS, WordTokenizer
-from transformer_jax.model.config import AFFIX_BUCKETS, CHAR_VOCAB
 from transformer_jax.parallel import distributed
 from transformer_jax.tasks.parsing import trees
 
@@ -196,58 +181,6 @@ def encode_words(
   return tokenizer.encode(" ".join(out))
 
 
-def spelling(word: str, letters: int) -> list[int]:
-  """A word's first and last `letters` characters as 2 * letters character ids (model/config.py
-  CHAR_VOCAB: 1 + code point mod 255; 0 where the word is shorter): 'fizzled', 3 -> the ids of
-  f, i, z, l, e, d. The spelling the encoder reads beside each source token's id
-  (`config.parsing.word_chars`)."""
-  ids = [1 + ord(c) % (CHAR_VOCAB - 1) for c in word]
-  first = ids[:letters] + [0] * (letters - min(letters, len(ids)))
-  last = [0] * (letters - min(letters, len(ids))) + ids[-letters:]
-  return first + last
-
-
-def affixes(word: str, letters: int) -> list[int]:
-  """A word's proper beginnings and then its proper endings of 1..`letters` letters, lowercased,
-  as 2 * letters ids (model/config.py AFFIX_BUCKETS: 1 + CRC-32 of the affix and its side, mod
-  AFFIX_BUCKETS - 1; 0 where the word has no such affix, i.e. is not longer than it):
-  'Fizzled', 2 -> the ids of f-, fi-, -d, -ed. What the encoder reads beside each source token's
-  id with `config.parsing.word_affixes` (a bag: model/transformer.py AffixFeatures)."""
-  w = word.lower()
-  out = []
-  for side in ("<", ">"):  # beginnings, then endings
-    for n in range(1, letters + 1):
-      if len(w) <= n:
-        out.append(0)
-        continue
-      affix = w[:n] if side == "<" else w[-n:]
-      out.append(1 + zlib.crc32(f"{side}{affix}".encode()) % (AFFIX_BUCKETS - 1))
-  return out
-
-
-def encode_source(
-    tokenizer: WordTokenizer,
-    known: set[str],
-    words: Sequence[str],
-    suffix_letters: int = 2,
-    word_chars: int = 0,
-    word_affixes: int = 0,
-) -> list[int] | np.ndarray:
-  """A sentence as the model reads it: its token ids (`encode_words`), or with `word_chars` K an
-  [n, 1 + 2K] array, each word's id and then its `spelling`, so that a word read as its class
-  still shows its letters (`config.parsing.word_chars`); with `word_affixes` K, each word's id
-  and then its `affixes` (`config.parsing.word_affixes`)."""
-  ids = encode_words(tokenizer, known, words, suffix_letters)
-  if not (word_chars or word_affixes):
-    return ids
-  letters, features = (word_chars, spelling) if word_chars else (word_affixes, affixes)
-  out = np.zeros((len(ids), 1 + 2 * letters), np.int32)  # [n, 1 + 2K]
-  out[:, 0] = ids
-  if len(ids):
-    out[:, 1:] = [features(w, letters) for w in words]
-  return out
-
-
 def _class_token(word: str, known: set[str], suffix_letters: int) -> str:
   """The class `word` is read as when the vocabulary lacks it: its finest class the vocabulary
   has, else its shape's (which the tokenizer reads as `<unk>` if it does not know that either)."""
@@ -342,10 +275,7 @@ def load_splits(
   out = {}
   for key in splits:
     pairs = [(" ".join(tree.words()), " ".join(linearization.tokens(tree))) for tree in loaded[key]]
-    sources = [
-        encode_source(tokenizer, known, s.split(), letters, p.word_chars, p.word_affixes)
-        for s, _ in pairs
-    ]
+    sources = [encode_words(tokenizer, known, s.split(), letters) for s, _ in pairs]
     if chart_targets:  # each word's row of the chart's targets (chart.targets)
       targets = [chart.targets(tree, label_index, tag_index) for tree in loaded[key]]
     else:  # a target's words (parsing.tree_words) are read as the source's; tree tokens as they are
@@ -367,7 +297,4 @@ def drop_words(
   dropped = jax.random.bernoulli(rng, rate, (vocab,))  # [v]
   table = jnp.where(dropped, classes, jnp.arange(vocab, dtype=classes.dtype))  # [v]
 
-  def drop(ids):  # [b, L], or [b, L, 1 + C] inputs whose spellings or affixes stay
-    return table[ids] if ids.ndim == 2 else ids.at[..., 0].set(table[ids[..., 0]])
-
-  return {k: drop(v) if k in keys else v for k, v in batch.items()}
+  return {k: table[v] if k in keys else v for k, v in batch.items()}  # [b, L] ids

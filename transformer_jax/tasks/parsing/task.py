@@ -9,22 +9,13 @@ deviations from §6.3 among them are off by default:
   suffix_letters    the longest word ending an unknown-word class keeps (2; ptb.py)
   word_dropout      read each vocabulary word of a training batch as its unknown-word class with
                     this probability (a deviation; ptb.py)
-  word_chars        the encoder also reads each source word's first and last this many
-                    characters (a deviation, 0 = off; ptb.py, model/transformer.py)
-  word_affixes      the encoder also reads each source word's beginnings and endings of 1 to this
-                    many letters, hashed, as a bag (a deviation, 0 = off; ptb.py)
-  word_loss         "exact" (the paper) or "any": a target word scored as "a word comes here"
-                    (a deviation; needs tree_words; training/losses.py)
-  word_output       "vocabulary" (the paper) or "one": the decoder scores the tree tokens one by
-                    one and every word as one output, "a word comes here" (a deviation; needs
-                    tree_words and tree_constraints, which write the input's word; model/config.py)
   tree_constraints  decode only well-formed trees over the input's words (a deviation;
                     tree_constraint.py)
   decoder           "sequence" (§6.3: the decoder writes the linearized tree) or "chart" (a
                     deviation: no decoder; a span chart over the encoder scores every span's
-                    label and every word's tag, and CKY finds the best tree; chart.py)
+                    label and every word's tag, and CKY finds the best tree; chart.py,
+                    chart_model.py: the task's own model and loss)
   chart_hidden      the span chart's hidden units (with decoder="chart")
-  chart_loss        "spans" (each span's label alone) or "tree" (a TreeCRF) (with "chart")
 """
 
 from __future__ import annotations
@@ -37,21 +28,40 @@ import ml_collections
 
 from transformer_jax.tasks import base
 
+# The last commit that has the code of the retired keys (docs/experiments.md).
+RETIRED_AT = "commit 3d33068"
+
+
+def _at(default, value, section) -> bool:
+  """A retired key's value that changes nothing: its old default."""
+  del section
+  return value == default
+
 
 class ParsingTask(base.Task):
   name = "parsing"
   command = "parse"
   sources = ("ptb",)
   metric = "f1"
-  model_keys = (
-      "word_output",
-      "suffix_letters",
-      "word_chars",
-      "word_affixes",
-      "decoder",
-      "chart_hidden",
-      "chart_loss",
-  )
+  model_keys = ("suffix_letters", "decoder", "chart_hidden")
+  retired_keys = {
+      key: (
+          functools.partial(_at, value),
+          f"{what}: measured and not adopted, its code is at {RETIRED_AT}",
+      )
+      for key, value, what in (
+          ("word_chars", 0, "the encoder's spelling features"),
+          ("word_affixes", 0, "the encoder's hashed affixes"),
+          ("word_loss", "exact", "the 'any word' loss"),
+          ("word_output", "vocabulary", "one output for every word"),
+      )
+  } | {
+      "chart_loss": (
+          lambda value, section: value == "tree" or section.get("decoder") != "chart",
+          f"the chart's 'spans' loss (the chart's loss is now the tree's, chart_loss='tree'): "
+          f"measured and not adopted, its code is at {RETIRED_AT}",
+      )
+  }
 
   def config_section(self):
     s = ml_collections.ConfigDict()
@@ -73,38 +83,16 @@ class ParsingTask(base.Task):
     # In each training batch, each vocabulary word is read as its unknown-word class with this
     # probability, in source and target alike (word dropout, a deviation, off by default; ptb.py).
     s.word_dropout = 0.0
-    # K > 0: the encoder reads each source word's first and last K characters beside its id,
-    # embedded and added to its embedding, so that a word read as its unknown-word class still
-    # shows its letters (a deviation, off by default: §6.3 reads tokens by their ids; ptb.py
-    # `spelling`, model/transformer.py SpellingFeatures).
-    s.word_chars = 0
-    # K > 0: the encoder reads each source word's proper beginnings and endings of 1..K letters
-    # (lowercased, hashed; never the whole word), each embedded, summed and added to its
-    # embedding: what a rare or unknown word shares with others (a deviation, off by default;
-    # ptb.py `affixes`, model/transformer.py AffixFeatures). Not with word_chars.
-    s.word_affixes = 0
-    # "exact" (the paper): every target token is scored. "any" (a deviation; with tree_words): a
-    # target word is scored as "a word comes here", its probability the sum over the
-    # vocabulary's words, since the decoding constraint dictates which (training/losses.py).
-    s.word_loss = "exact"
-    # "vocabulary" (the paper): the decoder's output layer scores every vocabulary id. "one" (a
-    # deviation): it scores the tree tokens one by one and every word as one output, "a word
-    # comes here", whose word the decoding constraint dictates: an output layer of ~100 rows
-    # instead of the vocabulary's thousands (model/config.py `output_tokens`; tree_constraint.py).
-    s.word_output = "vocabulary"
     # The search writes only well-formed trees over the input's words (tree_constraint.py). Not
     # in the paper (§6.3 decodes freely): off by default.
     s.tree_constraints = False
     # "sequence" (§6.3): the decoder writes the linearized tree. "chart" (a deviation, off by
     # default): the encoder's output scores each span's label and each word's tag, trained by
-    # `chart_loss`, and the best tree is found by CKY (Stern et al. 2017, Kitaev & Klein 2018;
-    # chart.py, model/transformer.py SpanChart). The search's settings (beam, α,
+    # the tree's cross entropy (a TreeCRF), and the best tree is found by CKY (Stern et al. 2017,
+    # Kitaev & Klein 2018; chart.py, chart_model.py). The search's settings (beam, α,
     # tree_constraints) have no meaning there: every output is a tree over the words.
     s.decoder = "sequence"
     s.chart_hidden = 256  # the span chart's hidden units (Kitaev & Klein 2018 use 250)
-    # "spans": each span's label by its own cross entropy (Teng & Zhang 2018's local model);
-    # "tree": the gold tree's, normalized over all trees (a TreeCRF; training/losses.py).
-    s.chart_loss = "spans"
     return s
 
   def validate(self, config, check):
@@ -127,62 +115,15 @@ class ParsingTask(base.Task):
         "expected the longest ending an unknown-word class keeps, 2 to 8 letters",
     )
     check(0.0 <= p.word_dropout < 1.0, "parsing.word_dropout", "must be in [0, 1)")
-    check(
-        0 <= p.word_chars <= 16,
-        "parsing.word_chars",
-        "expected how many of a word's first and last characters the encoder reads, 0 (off) to 16",
-    )
-    check(
-        0 <= p.word_affixes <= 8,
-        "parsing.word_affixes",
-        "expected the longest beginning and ending of a word the encoder reads, 0 (off) to 8",
-    )
-    check(
-        not (p.word_chars and p.word_affixes),
-        "parsing.word_affixes",
-        "a word's letters are read as its spelling (word_chars) or as its affixes "
-        "(word_affixes), not both: set one of them to 0",
-    )
-    check(p.word_loss in ("exact", "any"), "parsing.word_loss", "expected 'exact' or 'any'")
-    check(
-        p.word_loss == "exact" or p.tree_words,
-        "parsing.word_loss",
-        "'any' scores the words a target writes: with parsing.tree_words=True only",
-    )
-
-    check(
-        p.word_output in ("vocabulary", "one"),
-        "parsing.word_output",
-        "expected 'vocabulary' or 'one'",
-    )
-    check(
-        p.word_output == "vocabulary" or (p.tree_words and p.tree_constraints),
-        "parsing.word_output",
-        "'one' scores every word as one output, so only a search that writes the input's words "
-        "can decode it: with parsing.tree_words=True and parsing.tree_constraints=True only",
-    )
-    check(
-        p.word_output == "vocabulary" or p.word_loss == "exact",
-        "parsing.word_loss",
-        "parsing.word_output='one' already scores a word as 'a word comes here': leave "
-        "word_loss 'exact'",
-    )
 
     check(p.decoder in ("sequence", "chart"), "parsing.decoder", "expected 'sequence' or 'chart'")
     check(p.chart_hidden >= 1, "parsing.chart_hidden", "must be >= 1")
-    check(p.chart_loss in ("spans", "tree"), "parsing.chart_loss", "expected 'spans' or 'tree'")
     if p.decoder == "chart":
       check(
           not config.data.packing,
           "data.packing",
           "a span chart scores the spans of one sentence per row: set data.packing=False with "
           "parsing.decoder='chart'",
-      )
-      check(
-          p.word_output == "vocabulary" and p.word_loss == "exact",
-          "parsing.decoder",
-          "'chart' has no decoder to write words: leave parsing.word_output 'vocabulary' and "
-          "parsing.word_loss 'exact'",
       )
 
   def load_dataset(self, config, workdir, splits):
@@ -208,52 +149,40 @@ class ParsingTask(base.Task):
         ptb.drop_words, rate=config.parsing.word_dropout, classes=table, keys=keys
     )
 
-  def interchangeable_tokens(self, config, tokenizer):
-    if config.parsing.word_loss != "any" and config.parsing.word_output != "one":
-      return None
-    from transformer_jax.tasks.parsing import tree_constraint
-
-    return tree_constraint.word_set(tokenizer)  # [v] bool, likewise
-
-  def output_tokens(self, config, tokenizer):
-    if config.parsing.word_output != "one":
-      return 0
-    from transformer_jax.tasks.parsing import tree_constraint
-
-    return tree_constraint.output_tokens(tokenizer)
-
-  def source_chars(self, config):
-    p = config.parsing
-    # the first and the last word_chars (ptb.spelling), or word_affixes of each (ptb.affixes)
-    return 2 * (p.word_chars or p.word_affixes)
-
-  def source_affixes(self, config):
-    return bool(config.parsing.word_affixes)
-
-  def has_decoder(self, config):
-    return config.parsing.decoder != "chart"
-
-  def chart_model(self, config, tokenizer):
-    if self.has_decoder(config):
-      return {}
-    from transformer_jax.tasks.parsing import chart
+  def build_model(self, config, tokenizer):
+    if config.parsing.decoder != "chart":
+      return super().build_model(config, tokenizer)  # §6.3: the paper's Transformer
+    from transformer_jax import config as config_lib
+    from transformer_jax.tasks.parsing import chart, chart_model
 
     labels, tags = chart.classes(tokenizer.words)
-    return {
-        "chart_labels": len(labels),
-        "chart_tags": len(tags),
-        "chart_hidden": config.parsing.chart_hidden,
-        "chart_loss": config.parsing.chart_loss,
-    }
+    return chart_model.ChartParser(
+        config_lib.model_config(config, tokenizer.vocab_size),
+        labels=len(labels),
+        tags=len(tags),
+        hidden=config.parsing.chart_hidden,
+    )
 
-  def predictor(self, config, model_config, tokenizer):
+  def loss(self, config, tokenizer):
+    if config.parsing.decoder != "chart":
+      return super().loss(config, tokenizer)
+    from transformer_jax.tasks.parsing import chart_model
+
+    return chart_model.chart_loss
+
+  def batch_keys(self, config):
+    if config.parsing.decoder != "chart":
+      return None
+    from transformer_jax.tasks.parsing import chart_model
+
+    return chart_model.BATCH_KEYS
+
+  def predictor(self, config, model, tokenizer):
     if config.parsing.decoder != "chart":
       return None
     from transformer_jax.tasks.parsing import chart, trees
 
-    return chart.ChartSearch(
-        model_config, tokenizer, trees.Linearization.from_config(config.parsing)
-    )
+    return chart.ChartSearch(model, tokenizer, trees.Linearization.from_config(config.parsing))
 
   def constraint(self, config, tokenizer):
     if config.parsing.decoder == "chart":  # no search to constrain (chart.ChartSearch)
@@ -272,12 +201,14 @@ class ParsingTask(base.Task):
     kept = ("f1", "precision", "recall", "repaired", "evalb_error_sentences")
     return {k: values[k] for k in kept}
 
-  def test_results(self, config, hypotheses, pairs, workdir):
-    """EVALB's F1 and the rest (scoring.py); test_trees.mrg and test_gold.mrg in `workdir`."""
+  def test_results(self, config, hypotheses, pairs, workdir, tag=""):
+    """EVALB's F1 and the rest (scoring.py); test_trees.mrg (with `tag`, test_trees.TAG.mrg) and
+    test_gold.mrg in `workdir`."""
     from transformer_jax.tasks.parsing import scoring, trees
 
     linearization = trees.Linearization.from_config(config.parsing)
-    return scoring.test_results(hypotheses, pairs, linearization, workdir)
+    name = scoring.TEST_TREES.replace(".mrg", f".{tag}.mrg") if tag else scoring.TEST_TREES
+    return scoring.test_results(hypotheses, pairs, linearization, workdir, trees_file=name)
 
 
 TASK = ParsingTask()

@@ -63,7 +63,6 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS
 from transformer_jax.decoding import decode
-from transformer_jax.model.config import source_ids
 from transformer_jax.tasks.parsing import evalb, trees
 
 # The kinds of token ids.
@@ -89,9 +88,7 @@ class TreeConstraint:
   """The legal next tokens of linearized trees (module docstring) over a vocabulary.
 
   Called as `constraint(log_probs [..., v], prefixes [..., n], limit [b], inputs [b, s])`, it
-  returns the log-probabilities renormalized over the legal tokens (-inf elsewhere). With
-  `parsing.word_output="one"` the log-probabilities are over the model's outputs instead: the
-  ids below its `output_tokens` N (the tree tokens), then one output for every word. `prefixes`
+  returns the log-probabilities renormalized over the legal tokens (-inf elsewhere). `prefixes`
   are each hypothesis' tokens so far, PAD after them; `limit` each sentence's maximum output
   length (EOS included); `inputs` the batch's source ids, whose words (all but PAD and EOS) the
   output must cover.
@@ -163,32 +160,21 @@ class TreeConstraint:
     log_probs = self._checked(log_probs)
     if self.words:
       word_mass = self._word_mass(log_probs)[..., None]  # [..., 1]
-      v = self.kinds.shape[0]
-      if log_probs.shape[-1] < v:  # ids 0..N-1, then the words (all ids from N on): set below
-        words = jnp.zeros(log_probs.shape[:-1] + (v + 1 - log_probs.shape[-1],))
-        log_probs = jnp.concatenate([log_probs[..., :-1], words], axis=-1)  # [..., v]
       is_word = jnp.asarray(self.kinds) == WORD  # [v]
       log_probs = jnp.where(is_word, word_mass, log_probs)
     kept = jnp.where(legal, log_probs, -jnp.inf)
     return jnp.where(legal, kept - jax.nn.logsumexp(kept, axis=-1, keepdims=True), -jnp.inf)
 
   def _checked(self, log_probs) -> jax.Array:
-    """`log_probs` as float32, over the vocabulary [..., v] or (tree words only) over a model's
-    outputs with `output_tokens` N (`output_tokens` below): ids 0..N-1, then one for every word.
-    Any other width: ValueError."""
+    """`log_probs` [..., v] as float32; over another width than the vocabulary: ValueError."""
     outputs, v = log_probs.shape[-1], self.kinds.shape[0]
-    if outputs != v and (not self.words or outputs > v or self.candidates.max() >= outputs - 1):
-      raise ValueError(
-          f"log-probabilities over {outputs} outputs: expected the vocabulary's {v} or, with "
-          f"tree words, its tree tokens' {self.candidates.max() + 1} and one for the words"
-      )
+    if outputs != v:
+      raise ValueError(f"log-probabilities over {outputs} outputs: expected the vocabulary's {v}")
     return log_probs.astype(jnp.float32)
 
   def _word_mass(self, log_probs) -> jax.Array:
     """[...]: the log-probability that a word comes next, from `_checked` log-probs: the words'
-    logsumexp over the vocabulary, or the one output for every word (the last)."""
-    if log_probs.shape[-1] < self.kinds.shape[0]:
-      return log_probs[..., -1]
+    logsumexp over the vocabulary."""
     is_word = jnp.asarray(self.kinds) == WORD  # [v]
     return jax.nn.logsumexp(jnp.where(is_word, log_probs, -jnp.inf), -1)
 
@@ -227,7 +213,6 @@ class TreeConstraint:
     kinds_table, closing_table = jnp.asarray(self.kinds), jnp.asarray(self.closing)
     n = prefixes.shape[-1]
     per_row = (1,) * (prefixes.ndim - 2)  # the beam axis, if any
-    inputs = source_ids(inputs)  # [b, s]: the ids, without spellings (parsing.word_chars)
     src = inputs.reshape(inputs.shape[:1] + per_row + inputs.shape[1:])  # [b, (1,) s]
     limit = limit.reshape(limit.shape + per_row)  # [b, (1)]
     kinds = kinds_table[prefixes]  # [..., n]
@@ -309,21 +294,6 @@ def _at(x: jax.Array, index: jax.Array) -> jax.Array:
   """x [..., m] at index [...] (clipped to the last axis) -> [...]."""
   index = jnp.clip(index, 0, x.shape[-1] - 1)
   return jnp.take_along_axis(x, index[..., None], axis=-1)[..., 0]
-
-
-def output_tokens(tokenizer) -> int:
-  """`parsing.word_output="one"`'s N (model/config.py `output_tokens`): the ids up to the
-  vocabulary's last that is not a word. ptb.py lists the reserved ids and the tree tokens first,
-  so every word after them (classes and words) is the one output N; `<unk>`, a word among the
-  reserved ids, is scored as it too (`word_set`, losses.output_targets)."""
-  kinds = np.array([token_kind(t) for t in _tokens(tokenizer)])
-  return int(np.flatnonzero(kinds != WORD)[-1]) + 1
-
-
-def word_set(tokenizer) -> np.ndarray:
-  """[v] bool: the vocabulary's words (`token_kind` WORD: words and unknown-word classes), the
-  set `parsing.word_loss="any"` scores as one target (losses.py)."""
-  return np.array([token_kind(t) == WORD for t in _tokens(tokenizer)])
 
 
 def _tokens(tokenizer) -> list[str]:
