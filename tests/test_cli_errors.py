@@ -6,6 +6,7 @@ status 1 and a single stderr line `error: ...` (cli.run), no traceback.
 """
 
 import importlib.util
+import io
 import os
 import pathlib
 import subprocess
@@ -191,6 +192,21 @@ def test_a_token_budget_too_small_for_the_devices_is_refused_before_any_data(tmp
   with pytest.raises(errors.UserError, match=r"tokens_per_batch=100: .* need at least 192 tokens"):
     train.run(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+def test_the_line_reader_drops_a_byte_order_mark_opening_the_input():
+  """A file saved "UTF-8 with BOM" (Windows editors): the mark would stay in the first word of
+  what translate and parse read (cli.read_lines). Only the input's first bytes are a mark."""
+  from transformer_jax import cli
+
+  def read(data: bytes) -> list[str]:
+    return list(cli.read_lines(io.BytesIO(data), "in.txt"))
+
+  assert read(b"\xef\xbb\xbfA dog barks .\r\nB\n") == ["A dog barks .", "B"]
+  assert read("A\n\ufeffB\n".encode()) == ["A", "\ufeffB"]  # inside the text: a character
+  assert read(b"\xef\xbb\xbf\n") == [""] and read(b"\xef\xbb\xbf") == [""]
+  with pytest.raises(errors.UserError, match="^in.txt line 1 is not valid UTF-8"):
+    read(b"\xef\xbb\xbfcaf\xe9\n")
 
 
 # ------------------------------------------------------------ the programs, as a user runs them
