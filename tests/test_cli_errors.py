@@ -194,6 +194,16 @@ def test_a_token_budget_too_small_for_the_devices_is_refused_before_any_data(tmp
   assert not (tmp_path / "run").exists()
 
 
+def test_a_task_whose_section_the_config_lacks_is_named_before_any_check_reads_it():
+  from configs import quickstart
+
+  config = quickstart.get_config()
+  config.task = "parsing"  # what --config.task=parsing makes of a translation config
+  expected = r"^config.task='parsing': this config has no config.parsing section .*\('parsing'\)$"
+  with pytest.raises(config_lib.ConfigError, match=expected):
+    config_lib.validate(config)
+
+
 def test_the_line_reader_drops_a_byte_order_mark_opening_the_input():
   """A file saved "UTF-8 with BOM" (Windows editors): the mark would stay in the first word of
   what translate and parse read (cli.read_lines). Only the input's first bytes are a mark."""
@@ -261,6 +271,12 @@ CASES = {
     "train: a mesh that does not divide the machine": (
         [*TRAIN, *QUICKSTART, "--config.mesh.tensor=3", "--workdir", "TMP/w"],
         "config.mesh={'data': -1, 'fsdp': 1, 'tensor': 3}: 8 devices do not divide by 3",
+    ),
+    "train: a task whose section the config lacks": (
+        [*TRAIN, *QUICKSTART, "--config.task=parsing", "--workdir", "TMP/w"],
+        "config.task='parsing': this config has no config.parsing section (it was not made for "
+        "the parsing task); use a config file of that task, or build the config from "
+        "default_config('parsing')",
     ),
     "translate: an output in a missing directory": (
         [*TRANSLATE, "--workdir", "TMP/not_a_run", "--output", "TMP/out/hyp.txt"],
