@@ -226,6 +226,7 @@ SWEEP = [sys.executable, "-m", "transformer_jax.sweep"]
 PLOT = [sys.executable, "-m", "transformer_jax.plot"]
 PLOT_ATTENTION = [sys.executable, "-m", "transformer_jax.plot_attention"]
 TRANSLATE = [sys.executable, "-m", "transformer_jax.translate"]
+PARSE = [sys.executable, "-m", "transformer_jax.parse"]
 AVERAGE = [sys.executable, "-m", "transformer_jax.average"]
 TUNE = [sys.executable, "-m", "transformer_jax.tune_decoding"]
 PREPARE = [sys.executable, "-m", "transformer_jax.prepare_data"]
@@ -305,6 +306,10 @@ CASES = {
     "translate: a directory that is no run": (
         [*TRANSLATE, "--workdir", "TMP/not_a_run"],
         "TMP/not_a_run has no config.json",
+    ),
+    "parse: an output in a missing directory": (
+        [*PARSE, "--workdir", "TMP/not_a_run", "--output", "TMP/out/trees.mrg"],
+        "--output TMP/out/trees.mrg: the directory TMP/out does not exist",
     ),
     "average: a workdir that is a file": (
         [*AVERAGE, "--workdir", "TMP/a_file"],

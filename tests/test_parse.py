@@ -42,6 +42,20 @@ def test_a_byte_order_mark_opening_the_input_is_not_part_of_the_first_word():
     assert with_mark[0][0] == "A"
 
 
+def test_an_interrupted_parse_command_ends_in_one_line_with_status_130(monkeypatch, capsys):
+  """Ctrl-C: no traceback, the shell's status for an interrupted program; the trees are written
+  only once all are parsed (an --output file whole, by a rename)."""
+
+  def interrupted(argv):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(parse, "main", interrupted)
+  assert parse._main_or_interrupted(["parse"]) == 130
+  assert (
+      capsys.readouterr().err == "parse: interrupted (the trees are written once all are parsed)\n"
+  )
+
+
 @pytest.mark.parametrize(
     "data, message",
     [
