@@ -6,6 +6,7 @@ status 1 and a single stderr line `error: ...` (cli.run), no traceback.
 """
 
 import importlib.util
+import io
 import os
 import pathlib
 import subprocess
@@ -193,6 +194,31 @@ def test_a_token_budget_too_small_for_the_devices_is_refused_before_any_data(tmp
   assert not (tmp_path / "run").exists()
 
 
+def test_a_task_whose_section_the_config_lacks_is_named_before_any_check_reads_it():
+  from configs import quickstart
+
+  config = quickstart.get_config()
+  config.task = "parsing"  # what --config.task=parsing makes of a translation config
+  expected = r"^config.task='parsing': this config has no config.parsing section .*\('parsing'\)$"
+  with pytest.raises(config_lib.ConfigError, match=expected):
+    config_lib.validate(config)
+
+
+def test_the_line_reader_drops_a_byte_order_mark_opening_the_input():
+  """A file saved "UTF-8 with BOM" (Windows editors): the mark would stay in the first word of
+  what translate and parse read (cli.read_lines). Only the input's first bytes are a mark."""
+  from transformer_jax import cli
+
+  def read(data: bytes) -> list[str]:
+    return list(cli.read_lines(io.BytesIO(data), "in.txt"))
+
+  assert read(b"\xef\xbb\xbfA dog barks .\r\nB\n") == ["A dog barks .", "B"]
+  assert read("A\n\ufeffB\n".encode()) == ["A", "\ufeffB"]  # inside the text: a character
+  assert read(b"\xef\xbb\xbf\n") == [""] and read(b"\xef\xbb\xbf") == [""]
+  with pytest.raises(errors.UserError, match="^in.txt line 1 is not valid UTF-8"):
+    read(b"\xef\xbb\xbfcaf\xe9\n")
+
+
 # ------------------------------------------------------------ the programs, as a user runs them
 
 TRAIN = [sys.executable, "train.py"]
@@ -200,6 +226,7 @@ SWEEP = [sys.executable, "-m", "transformer_jax.sweep"]
 PLOT = [sys.executable, "-m", "transformer_jax.plot"]
 PLOT_ATTENTION = [sys.executable, "-m", "transformer_jax.plot_attention"]
 TRANSLATE = [sys.executable, "-m", "transformer_jax.translate"]
+PARSE = [sys.executable, "-m", "transformer_jax.parse"]
 AVERAGE = [sys.executable, "-m", "transformer_jax.average"]
 TUNE = [sys.executable, "-m", "transformer_jax.tune_decoding"]
 PREPARE = [sys.executable, "-m", "transformer_jax.prepare_data"]
@@ -246,6 +273,12 @@ CASES = {
         [*TRAIN, *QUICKSTART, "--config.mesh.tensor=3", "--workdir", "TMP/w"],
         "config.mesh={'data': -1, 'fsdp': 1, 'tensor': 3}: 8 devices do not divide by 3",
     ),
+    "train: a task whose section the config lacks": (
+        [*TRAIN, *QUICKSTART, "--config.task=parsing", "--workdir", "TMP/w"],
+        "config.task='parsing': this config has no config.parsing section (it was not made for "
+        "the parsing task); use a config file of that task, or build the config from "
+        "default_config('parsing')",
+    ),
     "translate: an output in a missing directory": (
         [*TRANSLATE, "--workdir", "TMP/not_a_run", "--output", "TMP/out/hyp.txt"],
         "--output TMP/out/hyp.txt: the directory TMP/out does not exist",
@@ -273,6 +306,10 @@ CASES = {
     "translate: a directory that is no run": (
         [*TRANSLATE, "--workdir", "TMP/not_a_run"],
         "TMP/not_a_run has no config.json",
+    ),
+    "parse: an output in a missing directory": (
+        [*PARSE, "--workdir", "TMP/not_a_run", "--output", "TMP/out/trees.mrg"],
+        "--output TMP/out/trees.mrg: the directory TMP/out does not exist",
     ),
     "average: a workdir that is a file": (
         [*AVERAGE, "--workdir", "TMP/a_file"],

@@ -33,6 +33,29 @@ def test_reads_tokenized_sentences_and_escapes_brackets():
   assert scoring.sentence_words("f(x) }") == ["f-LRB-x-RRB-", "-RCB-"]
 
 
+def test_a_byte_order_mark_opening_the_input_is_not_part_of_the_first_word():
+  """Tokenized or plain, a file saved with a UTF-8 BOM reads as the same file without it."""
+  text = "A dog barks .\nIt runs .\n"
+  for tokenize in (False, True):
+    with_mark = parse.read_sentences(io.BytesIO(b"\xef\xbb\xbf" + text.encode()), "f", 8, tokenize)
+    assert with_mark == parse.read_sentences(io.BytesIO(text.encode()), "f", 8, tokenize)
+    assert with_mark[0][0] == "A"
+
+
+def test_an_interrupted_parse_command_ends_in_one_line_with_status_130(monkeypatch, capsys):
+  """Ctrl-C: no traceback, the shell's status for an interrupted program; the trees are written
+  only once all are parsed (an --output file whole, by a rename)."""
+
+  def interrupted(argv):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(parse, "main", interrupted)
+  assert parse._main_or_interrupted(["parse"]) == 130
+  assert (
+      capsys.readouterr().err == "parse: interrupted (the trees are written once all are parsed)\n"
+  )
+
+
 @pytest.mark.parametrize(
     "data, message",
     [

@@ -1,5 +1,6 @@
 """Checkpoint averaging and the translate CLI, on a tiny run trained for a few steps."""
 
+import io
 import json
 import os
 import pathlib
@@ -7,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -301,6 +303,30 @@ def test_decode_batches_sort_by_length_and_size_by_tokens():
     assert np.all(inputs[len(real) :] == inputs[0])  # filler: a copy of the first sentence
     seen.extend(real.tolist())
   assert sorted(seen) == list(range(len(sources)))
+
+
+def test_translate_reads_a_file_saved_with_a_byte_order_mark_as_one_without(tmp_path):
+  """The command's reading path (cli.read_lines into _translate_stream): the run is handed the
+  lines without the mark, which would otherwise be read as part of the first word."""
+  from transformer_jax import cli, translate
+
+  class Recorder:  # the run's side of _translate_stream: what it is asked to translate
+
+    def __init__(self):
+      self.lines = []
+
+    def decode_lines(self, lines, batch_tokens=None):
+      self.lines += lines
+      return [line.upper() for line in lines]
+
+  source = tmp_path / "in.txt"
+  source.write_bytes("\ufeffa b c\r\n\nd e\n".encode())
+  run, target = Recorder(), io.StringIO()
+  args = types.SimpleNamespace(chunk_lines=2, batch_tokens=None)
+  with open(source, "rb") as f:
+    counts = translate._translate_stream(run, cli.read_lines(f, str(source)), target, args)
+  assert run.lines == ["a b c", "", "d e"] and counts[:2] == (3, 2)
+  assert target.getvalue() == "A B C\n\nD E\n"
 
 
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite

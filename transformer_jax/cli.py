@@ -10,6 +10,7 @@ naming no key are reported the same way.
 
 from __future__ import annotations
 
+import codecs
 import logging
 import os
 import sys
@@ -190,11 +191,15 @@ def define_compilation_cache_flag():
 
 
 def read_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
-  """The lines of a binary stream as text, without their line ends ("\\n" or "\\r\\n").
+  """The lines of a binary stream as text, without their line ends ("\\n" or "\\r\\n") and
+  without a UTF-8 byte-order mark at the start of the stream (as editors on Windows save text),
+  which would otherwise stay in the first word.
 
   A line that is not UTF-8 raises errors.UserError naming `name` and the line number.
   """
   for number, raw in enumerate(stream, start=1):
+    if number == 1:
+      raw = raw.removeprefix(codecs.BOM_UTF8)
     try:
       line = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -265,6 +265,16 @@ def validate(config: ml_collections.ConfigDict, task=None) -> None:
     names = tasks.names()
     check(config.task in names, "task", f"expected one of {names} (or a task registered first)")
     task = tasks.get(config.task)
+  # A config made for another task (its file given --config.task=NAME) lacks this task's
+  # section, which the checks below read.
+  if task.config_section() is not None and not isinstance(
+      config.get(task.name), ml_collections.ConfigDict
+  ):
+    raise ConfigError(
+        f"config.task={config.task!r}: this config has no config.{task.name} section (it was "
+        f"not made for the {task.name} task); use a config file of that task, or build the "
+        f"config from default_config({task.name!r})"
+    )
   validate_model(config)
   validate_data(config, check, task.sources)
   validate_train(config, check)

@@ -24,7 +24,9 @@ output that is not a well-formed tree is repaired by tasks/parsing/trees.py's ru
 were is printed to stderr.
 The whole input is checked before the model is loaded: an empty line, a line with more words
 than the model reads (config.data.max_len - 1) or a line that is not UTF-8 stops the program
-with one `error:` line naming the line.
+with one `error:` line naming the line (a UTF-8 byte-order mark opening the input is dropped), as
+does an --output that cannot be written. The trees are written once every sentence is parsed (an
+--output file whole or not at all): Ctrl-C before then writes none, ending with status 130.
 
 Compiled searches are kept as translate keeps them (JAX's persistent compilation cache and the
 programs exported beside it; `--compilation_cache`, empty to turn it off), so a later call
@@ -38,7 +40,7 @@ import sys
 
 from absl import flags
 
-from transformer_jax import cli, errors, tasks
+from transformer_jax import cli, errors, files, tasks
 
 
 def _define_flags():
@@ -87,6 +89,8 @@ def main(argv):
   args = cli.workdir_args(argv)
   cli.check_batch_tokens(args.batch_tokens)
   tasks.check_command(args.workdir, "parse")  # a translation run: one line naming translate
+  if args.output:
+    cli.check_output_file(args.output)  # before the run is loaded and anything parsed
   from transformer_jax.decoding import compilation, saved_programs  # heavy (JAX): not for --help
   from transformer_jax.runs import inference  # heavy (JAX): not for --help
   from transformer_jax.tasks.parsing import parser
@@ -124,9 +128,13 @@ def main(argv):
   with compilation.CompileLog() as log:
     restored = parser.Parser(run).parse_restored(sentences)
   text = "".join(f"{r.tree}\n" for r in restored)
-  if args.output:
-    with open(args.output, "w", encoding="utf-8") as f:
-      f.write(text)
+  if args.output:  # whole or not at all: an interrupted program leaves no partial file
+
+    def write(path):
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+    files.atomic_write(args.output, write)
   else:
     sys.stdout.write(text)
   repaired = sum(r.repairs > 0 for r in restored)
@@ -140,6 +148,17 @@ def main(argv):
   return 0
 
 
+def _main_or_interrupted(argv):
+  """`main`; Ctrl-C ends it with one line and the shell's status for an interrupted program,
+  130. The trees are written once every sentence is parsed, an --output file whole or not at
+  all."""
+  try:
+    return main(argv)
+  except KeyboardInterrupt:
+    print("parse: interrupted (the trees are written once all are parsed)", file=sys.stderr)
+    return 130
+
+
 if __name__ == "__main__":
   _define_flags()
-  cli.run(main)
+  cli.run(_main_or_interrupted)
