@@ -1,5 +1,7 @@
 """Packed batches train like the same pairs one per row: equal loss sums with a real model."""
 
+import functools
+
 import numpy as np
 import pytest
 from testing import random_params, tiny_train_config
@@ -7,7 +9,7 @@ from testing import random_params, tiny_train_config
 from transformer_jax import config as config_lib
 from transformer_jax.data import batching, pipeline
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training import train
+from transformer_jax.training import losses, train
 
 
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
@@ -43,11 +45,8 @@ def test_packed_batch_has_the_loss_of_its_pairs_unpacked(source_len):
   model_config = config_lib.model_config(config, dataset.tokenizer.vocab_size)
   model = Transformer(model_config.replace(deterministic=True))
   params = random_params(model_config)
-  packed_loss, packed_metrics = train.loss_and_metrics(
-      params, packed, model=model, label_smoothing=0.1
-  )
-  alone_loss, alone_metrics = train.loss_and_metrics(
-      params, alone, model=model, label_smoothing=0.1
-  )
+  loss = functools.partial(losses.sequence_loss, label_smoothing=0.1)  # the paper's (§5.4)
+  packed_loss, packed_metrics = train.loss_and_metrics(params, packed, model=model, loss=loss)
+  alone_loss, alone_metrics = train.loss_and_metrics(params, alone, model=model, loss=loss)
   assert packed_metrics["weight_sum"] == alone_metrics["weight_sum"]
   np.testing.assert_allclose(packed_loss, alone_loss, rtol=1e-5)
