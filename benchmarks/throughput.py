@@ -260,11 +260,7 @@ def main(argv):
 
     breakdown = {}
     if _BREAKDOWN.value:
-      loss = functools.partial(
-          train.loss_and_metrics,
-          model=trainer.train_model,
-          label_smoothing=config.train.label_smoothing,
-      )
+      loss = functools.partial(train.loss_and_metrics, model=trainer.train_model, loss=trainer.loss)
       params = holder["state"].params
       rngs = {"dropout": rng}
       forward = jax.jit(lambda p, b: loss(p, b, rngs=rngs)[0])

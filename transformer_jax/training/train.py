@@ -182,6 +182,7 @@ class Trainer:
     if loss is None:
       loss = functools.partial(losses.sequence_loss, label_smoothing=config.train.label_smoothing)
     self.config = config
+    self.loss = loss
     self.task = tasks.get(config.task) if task is None else task
     self.model_config = model_config
     self.batch_keys = batch_keys
