@@ -426,6 +426,31 @@ def test_translate_uses_the_users_jax_compilation_cache_dir(trained_run, tmp_pat
 
 
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
+def test_decode_profile_names_where_a_step_spends_its_time(trained_run):
+  """benchmarks/profile_decode.py: every traced XLA operation of the search's programs is given
+  to a part of the step by its JAX source op, and the parts are the model's and the search's."""
+  workdir, _ = trained_run
+  proc = subprocess.run(
+      [sys.executable, "benchmarks/profile_decode.py", f"--workdir={workdir}", "--limit=16"]
+      + ["--beam_size=2", "--batch_tokens=256"],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=600,
+      check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["sentences"] == 16 and result["steps"] >= 1 and result["event_s"] > 0
+  shares = result["parts_share"]
+  assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
+  for part in ("encoder", "self_attention_over_cache", "ffn", "layer_norm", "search"):
+    assert shares.get(part, 0) > 0, shares  # the reader found each (an empty map cannot pass)
+  assert shares.get("other", 0) < 0.2, shares  # nearly every operation is named
+  assert result["step_flops_per_row"] > 0
+
+
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_decode_benchmark_reports_speed_memory_steps_and_device(trained_run):
   workdir, _ = trained_run
   proc = subprocess.run(
