@@ -407,6 +407,11 @@ class Predictor:
     self.decoder = IncrementalDecoder(
         config, normalize=not getattr(constraint, "takes_logits", False)
     )
+    # Greedy without a constraint takes each row's first maximum, which the log-softmax (a shift
+    # of the row) leaves where it is: it is given the logits too.
+    self.greedy_decoder = (
+        self.decoder if constraint else dataclasses.replace(self.decoder, normalize=False)
+    )
     self._start = jax.jit(self._start_impl, static_argnames=("beam_size", "n", "end"))
     self._block = jax.jit(self._block_impl, static_argnames=("beam_size", "end"))
     self.signatures: set[tuple] = set()  # the programs called: (name, shapes, statics)
@@ -414,12 +419,13 @@ class Predictor:
 
   def _start_impl(self, params, inputs, alpha, exit_at, beam_size, n, end):
     """Encodes, runs the first step and the first block (`_block_impl`) of a batch."""
-    log_probs, beams, sentence = self.decoder.start(params, inputs, end)
+    decoder = self.greedy_decoder if beam_size == 1 else self.decoder
+    log_probs, beams, sentence = decoder.start(params, inputs, end)
     limit = output_limits(inputs, self.max_decode_extra, n)
     search = _search(beam_size, self.constraint, inputs, best_only=True, window=end)
     state = search.init(log_probs, limit, n, alpha)
     if beam_size > 1:
-      beams = self.decoder.add_beams(beams, beam_size)
+      beams = decoder.add_beams(beams, beam_size)
     carry = SearchCarry(inputs, sentence, beams, state)
     return self._block_impl(params, carry, alpha, exit_at, None, beam_size, end)
 
@@ -430,8 +436,9 @@ class Predictor:
     if keep is not None:
       carry = jax.tree.map(lambda x: x if x.ndim == 0 else x[keep], carry)
     search = _search(beam_size, self.constraint, carry.inputs, best_only=True, window=end)
-    step_fn = self.decoder.step_fn(params, carry.inputs, carry.sentence)
-    beams = self.decoder.grow(carry.beams, end, beam_size)
+    decoder = self.greedy_decoder if beam_size == 1 else self.decoder
+    step_fn = decoder.step_fn(params, carry.inputs, carry.sentence)
+    beams = decoder.grow(carry.beams, end, beam_size)
     state, beams = run_steps(search, step_fn, carry.state, beams, alpha, end, exit_at)
     carry = carry._replace(beams=beams, state=state)
     return carry, search.done(state, alpha), state.step, search.best(state, alpha)
