@@ -64,11 +64,15 @@ class ReversalTask(base.Task):
     return {f"test_{k}": v for k, v in self.scores(config, hypotheses, pairs).items()}
 
 
+def _registered(task):
+  """A fixture's body: `task` registered for the test, forgotten after it."""
+  yield tasks.register(task)
+  tasks.unregister(task.name)
+
+
 @pytest.fixture
 def reversal():
-  task = tasks.register(ReversalTask())
-  yield task
-  tasks.unregister(task.name)
+  yield from _registered(ReversalTask())
 
 
 def _config():
@@ -224,9 +228,7 @@ class TaggingTask(base.Task):
 
 @pytest.fixture
 def tagging():
-  task = tasks.register(TaggingTask())
-  yield task
-  tasks.unregister(task.name)
+  yield from _registered(TaggingTask())
 
 
 @pytest.mark.slow  # ~30 s on 2 cores: .ci/run runs it after the default suite

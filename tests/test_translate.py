@@ -425,14 +425,11 @@ def test_translate_uses_the_users_jax_compilation_cache_dir(trained_run, tmp_pat
   assert translate()[0] == first  # written again whole: the next call reads them all
 
 
-@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
-def test_decode_profile_names_where_a_step_spends_its_time(trained_run):
-  """benchmarks/profile_decode.py: every traced XLA operation of the search's programs is given
-  to a part of the step by its JAX source op, and the parts are the model's and the search's."""
-  workdir, _ = trained_run
+def _benchmark(script: str, workdir, *args) -> dict:
+  """The one JSON line of benchmarks/`script` on the run in `workdir`, beam 2, 256-token batches."""
   proc = subprocess.run(
-      [sys.executable, "benchmarks/profile_decode.py", f"--workdir={workdir}", "--limit=16"]
-      + ["--beam_size=2", "--batch_tokens=256"],
+      [sys.executable, f"benchmarks/{script}", f"--workdir={workdir}", "--beam_size=2"]
+      + ["--batch_tokens=256", *args],
       capture_output=True,
       text=True,
       cwd=REPO,
@@ -440,7 +437,15 @@ def test_decode_profile_names_where_a_step_spends_its_time(trained_run):
       check=False,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
+def test_decode_profile_names_where_a_step_spends_its_time(trained_run):
+  """benchmarks/profile_decode.py: every traced XLA operation of the search's programs is given
+  to a part of the step by its JAX source op, and the parts are the model's and the search's."""
+  workdir, _ = trained_run
+  result = _benchmark("profile_decode.py", workdir, "--limit=16")
   assert result["sentences"] == 16 and result["steps"] >= 1 and result["event_s"] > 0
   shares = result["parts_share"]
   assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
@@ -453,27 +458,7 @@ def test_decode_profile_names_where_a_step_spends_its_time(trained_run):
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_decode_benchmark_reports_speed_memory_steps_and_device(trained_run):
   workdir, _ = trained_run
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "benchmarks/decode.py",
-          "--workdir",
-          str(workdir),
-          "--repeats",
-          "1",
-          "--beam_size",
-          "2",
-          "--batch_tokens",
-          "256",
-      ],
-      capture_output=True,
-      text=True,
-      cwd=REPO,
-      timeout=600,
-      check=False,
-  )
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = _benchmark("decode.py", workdir, "--repeats=1")
   assert result["device"] and result["batch_tokens"] == 256 and result["peak_rss_gib"] > 0
   for mode in ("greedy", "beam2"):
     r = result[mode]
