@@ -75,14 +75,15 @@ def reversal():
   yield from _registered(ReversalTask())
 
 
-def _config():
-  config = config_lib.default_config("reversal")
+def _config(task="reversal", max_len=8, num_steps=300):
+  """A small, short run of `task` on its generated data, greedy evaluation."""
+  config = config_lib.default_config(task)
   config.data.source = "generated"
   config.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=128, max_len=16)
   config.model.dropout_rate = 0.0
-  config.data.update(max_len=8, num_buckets=1, tokens_per_batch=1024, vocab_size=16)
-  config.train.update(num_steps=300, warmup_steps=60, lr_multiplier=0.5, log_every=100)
-  config.train.update(checkpoint_every=300, keep_checkpoints=1)
+  config.data.update(max_len=max_len, num_buckets=1, tokens_per_batch=1024, vocab_size=16)
+  config.train.update(num_steps=num_steps, warmup_steps=60, lr_multiplier=0.5, log_every=100)
+  config.train.update(checkpoint_every=num_steps, keep_checkpoints=1)
   config.eval.update(beam_size=1, batch_size=64, num_sentences=64)
   return config
 
@@ -235,14 +236,8 @@ def tagging():
 def test_a_task_with_its_own_model_and_loss_trains_and_scores_through_the_same_entry(
     tagging, tmp_path
 ):
-  config = config_lib.default_config("tagging")
-  config.data.source = "generated"
-  config.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=128, max_len=16)
-  config.model.dropout_rate = 0.0
-  config.data.update(max_len=9, num_buckets=1, tokens_per_batch=1024, vocab_size=16)
-  config.train.update(num_steps=400, warmup_steps=60, lr_multiplier=0.5, log_every=100)
-  config.train.update(checkpoint_every=400, keep_checkpoints=1, label_smoothing=0.0)
-  config.eval.update(beam_size=1, batch_size=64, num_sentences=64)
+  config = _config("tagging", max_len=9, num_steps=400)
+  config.train.label_smoothing = 0.0
   trainer = train.Trainer.for_task(
       config, tagging, tagging.load_dataset(config, None, ()).tokenizer
   )

@@ -216,10 +216,8 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
   task's `retired_keys`) is dropped where its value changes nothing, else refused."""
   saved = tasks.saved_layout(saved)  # a copy, its task named
   task = saved["task"]
-  retired = [("model", RETIRED_MODEL_KEYS)]
-  if task in tasks.names():  # an unknown task is reported by validate, naming config.task
-    retired.append((task, tasks.get(task).retired_keys))
-  for name, keys in retired:
+  defaults = default_config(task)  # an unknown task: a UserError naming config.task
+  for name, keys in (("model", RETIRED_MODEL_KEYS), (task, tasks.get(task).retired_keys)):
     section = saved.get(name, {})
     for key, (kept, what) in keys.items():
       if key in section and not kept(section[key], section):
@@ -227,16 +225,10 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
             f"config.{name}.{key}={section[key]!r}: {what}; this code cannot run the saved run "
             "(check that commit out to use it)"
         )
-      if key in section and key not in default_section(task, name):
+      if key in section and key not in defaults[name]:  # a key no longer there: dropped
         section.pop(key)
-  config = default_config(task)
-  config.update(saved)
-  return config
-
-
-def default_section(task: str, name: str) -> ml_collections.ConfigDict:
-  """Today's defaults of section `name` of a run of `task`."""
-  return default_config(task)[name]
+  defaults.update(saved)
+  return defaults
 
 
 class ConfigError(errors.UserError):

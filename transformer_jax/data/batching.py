@@ -6,9 +6,8 @@ Every batch is a dict of int32 arrays; B rows, L positions, PAD_ID after the sen
     decoder_inputs  [B, L]  [BOS] + target ids      (targets shifted right, §3.1)
     targets         [B, L]  target ids + [EOS]
 
-A side whose examples are [n, 1 + C] arrays (a task's per-token columns: a span chart's targets,
-tasks/parsing/chart.py) gives [B, L, 1 + C]: column 0 is read as the token (EOS and PAD have no
-columns).
+A side whose examples are [n, 1 + C] arrays (a task's per-token columns: a token and C labels of
+it, say) gives [B, L, 1 + C]: column 0 is read as the token (EOS and PAD have no columns).
 
 Pairs are grouped by length into a few buckets (L = the bucket's length, for
 source and target alike) so that jit compiles one program per bucket rather
