@@ -94,7 +94,7 @@ if [[ -n ${RUN:-} ]] && want decode; then
 import json, sys
 r = json.load(open(sys.argv[1]))
 modes = ", ".join(f"{m} {r[m]['sentences_per_s']:,.0f} sentences/s" for m in ("greedy", "beam4"))
-print(f"decode: {modes}, beam 4 / greedy time {r['beam_over_greedy_time']} ({r['device']},"
+print(f"decode: {modes}, beam 4 / greedy time {r['beam4_over_greedy_time']} ({r['device']},"
       f" {r['batch_tokens']} source tokens a batch)")
 ct2 = r.get("ctranslate2", {})
 for t in ct2.values():

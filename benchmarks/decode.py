@@ -2,7 +2,7 @@
 
   python benchmarks/decode.py --workdir DIR [--input FILE] [--beam_size 4] [--repeats 3]
       [--batch_tokens 2048] [--shapes fast] [--block 16] [--num_buckets 8]
-      [--engines jax,ctranslate2] [--threads N]
+      [--engines jax,ctranslate2] [--threads N] [--beam_stops proven,k_finished]
 
 Default input: the run's test split (e.g. Multi30k test2016 for configs/multi30k.py). The run is
 loaded once (parameters only, inference.py) with the search's `--shapes` (default `fast`, the
@@ -11,8 +11,11 @@ warm-up pass that compiles every batch shape (`compile_s`, warm-up included). Pe
 has the median sentences/s and output tokens/s (target tokens incl. EOS, counted on the
 hypotheses), the decoder steps run (summed over batches) and the time per step, the batches and
 their rows, and `row_steps` (sentences decoded at each step, summed: finished sentences leave a
-batch); beside them the device, the batch size in tokens, the programs compiled and the peak
-memory (host RSS, and the device's peak where it reports one).
+batch). The beam is timed once per `--beam_stops` rule (eval.beam_stop; "beam4" is "proven",
+"beam4_k_finished" stops once k hypotheses finished, as CTranslate2 does), with how many of its
+translations are identical to the proven beam's; beside them the device, the batch size in
+tokens, the programs compiled and the peak memory (host RSS, and the device's peak where it
+reports one).
 
 `--engines jax,ctranslate2` also exports the same parameters to CTranslate2
 (transformer_jax/serving/ctranslate2_model.py) once per `--quantizations` type and times its
@@ -68,6 +71,12 @@ _NUM_BUCKETS = flags.DEFINE_integer(
     "Source lengths batches are padded to (default: the run's data.num_buckets, at most 8; "
     "pipeline.eval_bucket_lengths): each is a search compiled.",
 )
+_BEAM_STOPS = flags.DEFINE_list(
+    "beam_stops",
+    ["proven"],
+    "The beam's stop rules to time, each a mode (eval.beam_stop: "
+    f"{', '.join(batch_shapes.STOPS)}).",
+)
 _ENGINES = flags.DEFINE_list(
     "engines", ["jax"], "Engines to time: jax, ctranslate2 (serving/ctranslate2_model.py)."
 )
@@ -96,6 +105,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _BLOCK.value is not None and _SHAPES.value == "auto":
     raise app.UsageError("--block applies to --shapes fast or few, not auto")
+  for stop in _BEAM_STOPS.value:
+    if stop not in batch_shapes.STOPS:
+      raise app.UsageError(f"--beam_stops: {stop!r} is not one of {batch_shapes.STOPS}")
   engines, ct2_device = _check_engines()
   import jax
 
@@ -128,19 +140,24 @@ def main(argv):
       "block": run.predictor.shapes_for(len(sources)).block,
       "bucket_lengths": list(pipeline.eval_bucket_lengths(run.config.data)),
   }
-  modes = (("greedy", 1), (f"beam{_BEAM.value}", _BEAM.value))
+  beam = f"beam{_BEAM.value}"
+  modes = (("greedy", 1), (beam, _BEAM.value))  # CTranslate2's, and ours with each stop rule
+  stops = {"greedy": "proven"}
+  for stop in _BEAM_STOPS.value:
+    stops[beam if stop == "proven" else f"{beam}_{stop}"] = stop
   translations = {}  # mode -> the project's translations, to compare CTranslate2's with
-  for name, beam in modes if "jax" in engines else ():
-    kwargs = {"beam_size": beam, "batch_tokens": batch_tokens}
+  for name, stop in stops.items() if "jax" in engines else ():
+    decoder = run if stop == "proven" else run.with_overrides({"eval.beam_stop": stop})
+    kwargs = {"beam_size": 1 if name == "greedy" else _BEAM.value, "batch_tokens": batch_tokens}
     start = time.perf_counter()
-    hypotheses = run.decode_ids(sources, **kwargs)  # warm-up: compiles each batch shape
+    hypotheses = decoder.decode_ids(sources, **kwargs)  # warm-up: compiles each batch shape
     translations[name] = hypotheses
     compile_s = time.perf_counter() - start
     out_tokens = sum(len(run.tokenizer.encode(h)) + 1 for h in hypotheses)
     times, stats = [], {}
     for _ in range(_REPEATS.value):
       start = time.perf_counter()
-      run.decode_ids(sources, stats=stats, **kwargs)
+      decoder.decode_ids(sources, stats=stats, **kwargs)
       times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     result[name] = {
@@ -156,11 +173,15 @@ def main(argv):
         "step_ms": round(1000 * seconds / max(stats["steps"], 1), 2),
         "row_steps": stats["row_steps"],
     }
+    if name != "greedy" and beam in translations and name != beam:
+      same = sum(a == b for a, b in zip(hypotheses, translations[beam]))
+      result[name]["identical_to_proven"] = same
   if "jax" in engines:
     result["programs_compiled"] = run.predictor.programs()
-    result["beam_over_greedy_time"] = round(
-        result[f"beam{_BEAM.value}"]["seconds"] / result["greedy"]["seconds"], 2
-    )
+    for name in stops:
+      if name != "greedy":
+        ratio = result[name]["seconds"] / result["greedy"]["seconds"]
+        result[f"{name}_over_greedy_time"] = round(ratio, 2)
   if "ctranslate2" in engines:
     result["ctranslate2"] = _time_ctranslate2(
         run, sources, modes, batch_tokens, translations, ct2_device
@@ -267,9 +288,11 @@ def _time_ctranslate2(run, sources, modes, batch_tokens, translations, device) -
             "sentences_per_s": round(len(sources) / seconds, 2),
             "tokens_per_s": round(out_tokens / seconds, 1),
         }
-        if name in translations:
-          same = sum(a == b for a, b in zip(hypotheses, translations[name]))
-          out[quantization][name]["identical_to_jax"] = same
+        for ours in (name, f"{name}_k_finished"):  # the same mode of the project's, each rule
+          if ours in translations:
+            same = sum(a == b for a, b in zip(hypotheses, translations[ours]))
+            key = "identical_to_jax" + ours[len(name) :]
+            out[quantization][name][key] = same
       del translator
   return out
 

@@ -84,14 +84,13 @@ class TableModel:
       prefix += (t,)
     return total, len(prefix) + (1 if EOS_ID in tokens else 0)
 
-  def search(self, beam_size, alpha):
-    return tuple(
-        map(np.asarray, _search_table(self.table, alpha, self.max_len, beam_size, self.poison_from))
-    )
+  def search(self, beam_size, alpha, stop="proven"):
+    found = _search_table(self.table, alpha, self.max_len, beam_size, self.poison_from, stop)
+    return tuple(map(np.asarray, found))
 
 
-@functools.partial(jax.jit, static_argnames=("max_len", "beam_size", "poison_from"))
-def _search_table(table, alpha, max_len, beam_size, poison_from):
+@functools.partial(jax.jit, static_argnames=("max_len", "beam_size", "poison_from", "stop"))
+def _search_table(table, alpha, max_len, beam_size, poison_from, stop):
   """Beam search over TableModel's tables [sentences, codes, v]; alpha is traced (no recompile)."""
   batch, _, vocab = table.shape
   powers = (vocab + 1) ** jnp.arange(max_len)  # prefix code: sum_j (token_j + 1) * (v + 1)^j
@@ -125,7 +124,7 @@ def _search_table(table, alpha, max_len, beam_size, poison_from):
   }
   first_log_probs = table[:, 0]  # the empty prefix
   tokens, scores, _ = decode.beam_search_with_step_fn(
-      step_fn, first_log_probs, cache, max_len, beam_size, alpha
+      step_fn, first_log_probs, cache, max_len, beam_size, alpha, stop=stop
   )
   return tokens, scores
 
@@ -233,6 +232,28 @@ def test_search_stops_once_no_alive_hypothesis_can_win():
   assert poisoned[0, 0] > 0
 
 
+def test_k_finished_stops_once_k_hypotheses_have_finished():
+  # eval.beam_stop="k_finished" (CTranslate2's and fairseq's rule). In GOES_ON the beam (k = 2)
+  # has finished "EOS" at step 0 and "A EOS" at step 1: two, so it stops before the poisoned step
+  # 2, where the proven rule goes on (above) because "A A" could still win.
+  model = TableModel([GOES_ON], [UNIFORMISH], max_len=6, poison_from=2)
+  tokens, scores = model.search(beam_size=2, alpha=0.6, stop="k_finished")
+  np.testing.assert_array_equal(tokens[0, :, :3], [[EOS_ID, PAD_ID, PAD_ID], [A, EOS_ID, PAD_ID]])
+  np.testing.assert_allclose(
+      scores[0], [math.log(0.7), math.log(0.08) / decode.length_penalty(2, 0.6)], rtol=1e-5
+  )
+  # With k = 3 the same two are not enough ("B EOS" ranks 4th at step 1): step 2 runs.
+  _, poisoned = model.search(beam_size=3, alpha=0.6, stop="k_finished")
+  assert poisoned[0, 0] > 0
+  # Where the proven rule stops first (STOPS, k = 2, one finished at step 0), it still does.
+  stops_first = TableModel([STOPS], [UNIFORMISH], max_len=6, poison_from=2)
+  for stop in decode.STOPS:
+    tokens, _ = stops_first.search(beam_size=2, alpha=0.6, stop=stop)
+    np.testing.assert_array_equal(tokens[0, 0, :2], [EOS_ID, PAD_ID])
+  with pytest.raises(ValueError, match="stop='k_best'"):
+    decode.Beam(2, stop="k_best")
+
+
 def test_beam_search_of_table_model_is_exhaustive_with_a_wide_beam():
   model = TableModel([GOES_ON, FLIP], [UNIFORMISH, {A: 0.5, B: 0.3, EOS_ID: 0.2}], max_len=4)
   # At the last step the 8 prefixes over {A, B} have 24 possible extensions: a beam of 40 keeps
@@ -320,10 +341,12 @@ PREDICT_GREEDY = decode.Predictor(CONFIG, EXTRA)
 PREDICT_BEAM = decode.Predictor(CONFIG, EXTRA, beam_size=4, alpha=0.6)
 
 
-@functools.partial(jax.jit, static_argnames=("n", "beam_size", "best_only"))
-def reference_beam_search(params, inputs, n, beam_size, alpha, best_only=False):
+@functools.partial(jax.jit, static_argnames=("n", "beam_size", "best_only", "stop"))
+def reference_beam_search(params, inputs, n, beam_size, alpha, best_only=False, stop="proven"):
   """decode.beam_search, compiled once per shape and beam size (α traced, as the Predictor's)."""
-  return decode.beam_search(DECODER, params, inputs, n, beam_size, alpha, best_only=best_only)
+  return decode.beam_search(
+      DECODER, params, inputs, n, beam_size, alpha, best_only=best_only, stop=stop
+  )
 
 
 def run_beam_search(params, inputs, n, beam_size, alpha):
@@ -693,16 +716,20 @@ def test_top_extensions_is_exact_with_zeros_and_nans():
     assert_flat_top_k(top_k.top_extensions(jnp.asarray(case), 8), case, 8)
 
 
+def _random_sources() -> np.ndarray:
+  """16 sources of 4 random tokens + EOS [16, 5]."""
+  inputs = np.random.default_rng(7).integers(3, VOCAB, size=(16, 5)).astype(np.int32)
+  inputs[:, -1] = EOS_ID
+  return inputs
+
+
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_finished_sentences_leave_the_batch_and_keep_their_translations():
   # A Predictor that halves its batch as soon as half of it is done (blocks of 4 cache
   # positions, down to 1 row) returns exactly the whole-batch search's translations, and it
   # decodes fewer sentence-steps than rows x steps: the finished sentences did leave.
   params, _ = tiny_model()
-  rng = np.random.default_rng(7)
-  inputs = rng.integers(3, VOCAB, size=(16, 5)).astype(np.int32)
-  inputs[:, -1] = EOS_ID
-  extra = 11
+  inputs, extra = _random_sources(), 11
   n = inputs.shape[1] + extra
   # One Predictor per beam size and batching rule: α is an argument of its programs.
   compact = {
@@ -736,6 +763,35 @@ def test_finished_sentences_leave_the_batch_and_keep_their_translations():
         whole[beam].search(params, jnp.asarray(inputs), alpha, stats=stats_whole)[0], got
     )
     assert stats_whole["row_steps"] == inputs.shape[0] * got_steps
+
+
+@pytest.mark.slow  # ~20 s on 2 cores: .ci/run runs it after the default suite
+def test_predictor_stops_as_the_reference_with_either_rule():
+  # The Predictor (finished sentences leave the batch) returns the reference search's best under
+  # either stop rule. On this random model "k_finished" stops sooner than "proven" at α = 1 with
+  # the same translations, and at α = 2 (long outputs favoured) some translations differ.
+  params, _ = tiny_model()
+  inputs, extra = _random_sources(), 11
+  n = inputs.shape[1] + extra
+  predictors = {
+      stop: decode.Predictor(CONFIG, extra, 4, shapes=Shapes(block=4, min_rows=1), stop=stop)
+      for stop in decode.STOPS
+  }
+  for alpha in (0.6, 1.0, 2.0):
+    found = {}
+    for stop, predictor in predictors.items():
+      tokens, _, steps = reference_beam_search(
+          params, jnp.asarray(inputs), n, 4, alpha, best_only=True, stop=stop
+      )
+      got, got_steps = predictor.search(params, jnp.asarray(inputs), alpha)
+      np.testing.assert_array_equal(got, np.asarray(tokens[:, 0]), err_msg=f"{stop}, α {alpha}")
+      assert got_steps == int(steps)
+      found[stop] = got, got_steps
+    differ = np.any(found["k_finished"][0] != found["proven"][0], axis=1).sum()
+    assert (found["k_finished"][1] < found["proven"][1]) == (alpha == 1.0), alpha
+    assert (differ > 0) == (alpha == 2.0), (alpha, differ)
+  with pytest.raises(ValueError, match="stop='first'"):
+    decode.Predictor(CONFIG, extra, 4, stop="first")
 
 
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite

@@ -479,7 +479,7 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
   args = [
       f"--workdir={workdir}", f"--input={sources}", "--engines=jax,ctranslate2",
       "--quantizations=float32,int8", "--repeats=1", "--beam_size=2", "--batch_tokens=256",
-      "--threads=1",
+      "--threads=1", "--beam_stops=proven,k_finished",
   ]  # fmt: skip
   done = subprocess.run(
       [sys.executable, "benchmarks/decode.py", *args],
@@ -496,6 +496,12 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
       assert r["sentences"] == result[mode]["sentences"] == 24 and r["sentences_per_s"] > 0
       assert 0 <= r["identical_to_jax"] <= 24
   assert ct2["float32"]["greedy"]["identical_to_jax"] == 24  # the same model, the same search
+  # The beam once per stop rule, the second against the first; CTranslate2's against both.
+  stopped = result["beam2_k_finished"]
+  assert stopped["sentences"] == 24 and 0 <= stopped["identical_to_proven"] <= 24
+  assert stopped["steps"] <= result["beam2"]["steps"]  # it stops no later
+  assert 0 <= ct2["float32"]["beam2"]["identical_to_jax_k_finished"] <= 24
+  assert result["beam2_k_finished_over_greedy_time"] > 0
   failed = subprocess.run(
       [sys.executable, "benchmarks/decode.py", f"--workdir={workdir}", "--engines=jax,onnx"],
       cwd=REPO, capture_output=True, text=True, timeout=300,

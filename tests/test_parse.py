@@ -263,6 +263,11 @@ def test_parsing_end_to_end_on_the_sample(shared_data, tmp_path):
   words = [scoring.sentence_words(line) for line in sentences.splitlines()]
   assert [trees.parse_trees(line)[0].words() for line in out] == words
   assert all(line.startswith("(TOP ") for line in out)
+  # --beam_stop k_finished: the run's beam (2) stops once two hypotheses finished; a tree a line.
+  proc = _parse(workdir, sentences, "--beam_stop", "k_finished")
+  assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+  stopped = proc.stdout.decode().splitlines()
+  assert [trees.parse_trees(line)[0].words() for line in stopped] == words
 
   # The parse command with the constraint: well-formed trees over the input's words, none repaired.
   # Twice, with a compilation cache: the second call compiles nothing and traces nothing.

@@ -216,6 +216,7 @@ def test_what_changes_a_program_changes_its_identity(tmp_path):
   )  # arguments
   assert identity(base) != identity(decode.Predictor(CONFIG, EXTRA + 1))
   assert identity(base) != identity(decode.Predictor(CONFIG.replace(d_ff=128), EXTRA))
+  assert identity(base) != identity(decode.Predictor(CONFIG, EXTRA, 4, 0.6, stop="k_finished"))
   table = np.zeros(CONFIG.vocab_size, np.float32)
   constrained = lambda c: decode.Predictor(CONFIG, EXTRA, constraint=c)  # noqa: E731
   one = identity(constrained(Constraint(table)))

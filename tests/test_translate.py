@@ -168,6 +168,17 @@ def test_shapes_override_the_runs_eval_shapes(trained_run):
     inference.load_run(str(workdir), "latest", shapes="fastest")
 
 
+def test_beam_stop_is_the_runs_unless_overridden(trained_run):
+  workdir, _ = trained_run
+  default = inference.load_run(str(workdir), "latest")
+  assert default.config.eval.beam_stop == "proven" and default.predictor.stop == "proven"
+  stopped = default.with_overrides({"eval.beam_stop": "k_finished"})
+  assert stopped.predictor.stop == "k_finished" and stopped.params is default.params
+  assert batch_shapes.STOPS == ("proven", "k_finished")  # config validation and --beam_stop
+  with pytest.raises(config_lib.ConfigError, match=r"eval\.beam_stop='first': must be one of"):
+    inference.load_run(str(workdir), "latest", overrides={"eval.beam_stop": "first"})
+
+
 def test_auto_shapes_follow_the_calls_sentences_not_its_batch_rows(trained_run, monkeypatch):
   # decode_sources tells the search how many sentences the whole call has: "auto" decodes a
   # call of 2 sentences (in one batch of many more rows) in "few", a call of 3 in "fast", and
@@ -204,6 +215,8 @@ def test_translate_cli(trained_run, tmp_path):
   assert len(out.splitlines()) == 3 and out.splitlines()[1] == ""
   # --shapes fast: other batch shapes (batch_shapes.py), the same translations.
   assert translate("--shapes", "fast").stdout == out
+  # --beam_stop k_finished: the beam stops once 2 hypotheses have finished; a line per line.
+  assert len(translate("--beam_stop", "k_finished").stdout.splitlines()) == 3
 
 
 @pytest.mark.subprocess

@@ -143,6 +143,25 @@ def check_output_file(path: str, flag: str = "--output") -> None:
     raise UserError(f"{flag} {path}: the directory {directory} is not writable")
 
 
+def define_beam_stop_flag():
+  """The decoding commands' --beam_stop flag (translate, parse): the run's eval.beam_stop."""
+  flags.DEFINE_enum(
+      "beam_stop",
+      None,
+      list(batch_shapes.STOPS),
+      "When the beam search leaves a sentence (default: the run's eval.beam_stop, 'proven' unless "
+      "set): 'proven', once no alive hypothesis can beat the best finished one (the result of "
+      "searching to the output limit); 'k_finished', also once beam_size hypotheses have "
+      "finished (CTranslate2's and fairseq's rule): faster, and a few translations differ.",
+      module_name=sys.argv[0],
+  )
+
+
+def beam_stop_overrides(beam_stop: str | None) -> dict:
+  """{"eval.beam_stop": beam_stop} where the flag was given, else {}."""
+  return {} if beam_stop is None else {"eval.beam_stop": beam_stop}
+
+
 def define_shapes_flag():
   """The decoding commands' --shapes flag (translate, parse): the run's eval.shapes overridden."""
   flags.DEFINE_enum(

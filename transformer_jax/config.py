@@ -156,6 +156,12 @@ def eval_section() -> ml_collections.ConfigDict:
   s.max_decode_extra = 50  # §6.1: maximum output length = input length + 50
   s.beam_size = 4  # §6.1; 1 = greedy
   s.alpha = 0.6  # §6.1 length penalty ((5 + |Y|) / 6)^α
+  # When the beam search leaves a sentence (§6.1: "terminate early when possible"): "proven",
+  # once no alive hypothesis can beat the best finished one (the result of searching to the
+  # output limit); "k_finished", also once beam_size hypotheses have finished (CTranslate2's and
+  # fairseq's rule; a deviation, off by default): ~1.4x faster beam 4 on Multi30k, 1.7% of
+  # translations differ (docs/translation.md).
+  s.beam_stop = "proven"
   # The search's batch shapes (batch_shapes.py): "fast" decodes fastest once compiled; "few"
   # compiles ~5x fewer programs, so a first call on a new machine returns ~2x sooner; "auto":
   # "few" for calls of fewer than 2,000 sentences, "fast" from the first larger call on. The
@@ -365,6 +371,7 @@ def validate_eval(config: ml_collections.ConfigDict, check: Check) -> None:
   check(e.beam_size >= 1, "eval.beam_size", "must be >= 1 (1 = greedy)")
   check(e.alpha >= 0, "eval.alpha", "must be >= 0")
   check(e.shapes in batch_shapes.NAMES, "eval.shapes", f"must be one of {batch_shapes.NAMES}")
+  check(e.beam_stop in batch_shapes.STOPS, "eval.beam_stop", f"must be one of {batch_shapes.STOPS}")
 
 
 def validate_devices(config: ml_collections.ConfigDict, check: Check) -> None:

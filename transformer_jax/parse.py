@@ -69,6 +69,7 @@ def _define_flags():
   flags.DEFINE_string("output", None, "Output file (default: standard output).")
   cli.define_batch_tokens_flag()
   cli.define_shapes_flag()
+  cli.define_beam_stop_flag()
   cli.define_compilation_cache_flag()
 
 
@@ -95,7 +96,7 @@ def main(argv):
   from transformer_jax.runs import inference  # heavy (JAX): not for --help
   from transformer_jax.tasks.parsing import parser
 
-  overrides = {}
+  overrides = cli.beam_stop_overrides(args.beam_stop)
   if args.tree_constraints is not None:
     overrides["parsing.tree_constraints"] = args.tree_constraints
   if args.batch_tokens is not None:

@@ -1,4 +1,5 @@
-"""The batch shapes of `decode.Predictor`: each distinct one is a program to compile.
+"""The batch shapes of `decode.Predictor` (each distinct one is a program to compile), and the
+names of its beam's stop rules.
 
 Plain Python (no JAX), so that the commands' flags and the config's validation can name them
 without importing JAX.
@@ -58,3 +59,8 @@ def cache_block_ends(max_decode_len: int, block: int | None) -> tuple[int, ...]:
   if block < 1:
     raise ValueError(f"block={block} must be >= 1")
   return tuple(range(block, max_decode_len, block)) + (max_decode_len,)
+
+
+# When a beam search's sentence is done (decode.py `Beam.done`): "proven" (no alive hypothesis can
+# beat the best finished one), or also once k hypotheses have finished ("k_finished").
+STOPS = ("proven", "k_finished")

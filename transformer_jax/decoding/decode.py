@@ -21,6 +21,9 @@ penalised score, never extended); an EOS extension joins the finished set only i
 the k best extensions of its step (fairseq's rule), so with k = 1 it makes greedy's choices for
 α = 0. A sentence is done at its limit or once no alive hypothesis can beat its worst finished
 one (its best, with `best_only`: the same best, sooner); from then on its state stays as it is.
+That stop is proven: the result is the search's to the output limit. `stop="k_finished"` (an
+option, off by default) also stops a sentence once k hypotheses have finished, the rule of
+CTranslate2 and fairseq: fewer steps, and a translation may differ (docs/translation.md).
 
 What makes it fast on a CPU (each measured, see benchmarks/decode.py): the KV cache is never
 reordered (one cross-attention copy per sentence, a slot table for the beams: kv_cache.py); it
@@ -50,7 +53,7 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import batch_shapes, top_k
-from transformer_jax.decoding.batch_shapes import Shapes
+from transformer_jax.decoding.batch_shapes import STOPS, Shapes
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.incremental import IncrementalDecoder
 from transformer_jax.parallel import distributed
@@ -156,6 +159,11 @@ class Beam:
   beam_size: int = 4
   constrain: Callable | None = None  # (log_probs [b, k, v], alive_seqs [b, k, n], limit [b])
   best_only: bool = False  # only the best is wanted: done once no alive one can beat it
+  stop: str = "proven"  # or "k_finished": also done once k hypotheses have finished (`done`)
+
+  def __post_init__(self):
+    if self.stop not in STOPS:
+      raise ValueError(f"stop={self.stop!r}: expected one of {STOPS}")
 
   def init(self, first_log_probs, limit, max_decode_len: int, alpha) -> BeamState:
     """The state after the first step ([b, v], the distribution after BOS). Only beam 0 is real
@@ -202,11 +210,18 @@ class Beam:
     alive_log_prob / max lp over the lengths it can still reach: lp(limit) for α >= 0 (lp grows
     with length), lp(step + 1) for α < 0. Once done, a sentence's finished set (its best) cannot
     change.
+
+    With `stop="k_finished"`, a sentence is also done once k hypotheses have finished (an EOS
+    extension ranked among the k best of its step, as CTranslate2 and fairseq count them): the
+    best of those k, which an alive hypothesis might still have beaten.
     """
     longest = jnp.where(alpha >= 0, state.limit, state.step + 1)  # [b]; alpha may be traced
     best_alive = state.alive_log_probs[:, 0] / length_penalty(longest, alpha)  # [b]
     finished = state.finished_scores[:, 0 if self.best_only else -1]
-    return (state.step >= state.limit) | (finished >= best_alive)
+    done = (state.step >= state.limit) | (finished >= best_alive)
+    if self.stop == "k_finished":  # the finished set keeps the k best: full once k finished
+      done |= state.finished_scores[:, -1] > -jnp.inf
+    return done
 
   def result(self, state: BeamState, alpha) -> tuple[jax.Array, jax.Array]:
     """(tokens [b, k, n], scores [b, k]), best first: the finished hypotheses, or the alive ones
@@ -305,6 +320,7 @@ def beam_search_with_step_fn(
     step_fn: Callable, first_log_probs: jax.Array, cache: Any, max_decode_len: int,
     beam_size: int = 4, alpha: float | jax.Array = 0.6, *, limit: jax.Array | None = None,
     tile: Callable = _tile_rows, constrain: Callable | None = None, best_only: bool = False,
+    stop: str = "proven",
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
   """Beam search over `step_fn(tokens [r], cache, position, slots) -> (log_probs [r, v], cache)`.
 
@@ -312,7 +328,7 @@ def beam_search_with_step_fn(
   b; `tile(cache, k)` gives it room for k beams (default: repeat every leaf's rows). Row j of
   sentence i (row i*k + j) writes position p into slot j and reads its prefix's positions q < p
   from slots[i, j, q]; the search never reorders the cache. `limit` [b]: each sentence's maximum
-  output length (default: `max_decode_len`); `constrain` and `best_only` as `Beam`'s.
+  output length (default: `max_decode_len`); `constrain`, `best_only` and `stop` as `Beam`'s.
 
   Returns (tokens [b, k, n], scores [b, k], steps) as `Beam.result` (with `best_only`, only
   tokens[:, 0] is the k-best search's); steps counts the calls of `step_fn` plus the first step.
@@ -322,22 +338,23 @@ def beam_search_with_step_fn(
     raise ValueError(f"max_decode_len={max_decode_len} must be >= 1")
   if first_log_probs.shape[1] < 2:
     raise ValueError(f"the vocabulary must have at least 2 tokens, got {first_log_probs.shape[1]}")
-  search = Beam(beam_size, constrain, best_only)
+  search = Beam(beam_size, constrain, best_only, stop)
   state = _reference(search, step_fn, first_log_probs, cache, max_decode_len, alpha, limit, tile)
   return *search.result(state, alpha), state.step
 
 
 def beam_search(
     decoder, params, inputs, max_decode_len, beam_size=4, alpha=0.6, limit=None, constraint=None,
-    best_only=False,
+    best_only=False, stop="proven",
 ):  # fmt: skip
   """§6.1 beam search of a batch [b, s] -> (tokens [b, k, n], scores [b, k], steps).
-  `constraint(log_probs, prefixes, limit, inputs)`: see `Predictor`; `best_only`: `Beam`'s."""
+  `constraint(log_probs, prefixes, limit, inputs)`: see `Predictor`; `best_only`, `stop`:
+  `Beam`'s."""
   first_log_probs, cache, sentence = decoder.start(params, inputs, max_decode_len)
   return beam_search_with_step_fn(
       decoder.step_fn(params, inputs, sentence), first_log_probs, cache, max_decode_len,
       beam_size, alpha, limit=limit, tile=decoder.add_beams,
-      constrain=_search(beam_size, constraint, inputs).constrain, best_only=best_only,
+      constrain=_search(beam_size, constraint, inputs).constrain, best_only=best_only, stop=stop,
   )  # fmt: skip
 
 
@@ -387,21 +404,24 @@ class Predictor:
   or a name of batch_shapes.NAMES (`shapes_for`); it decides only which programs are compiled. A
   done sentence's hypotheses never change, so this changes no translation, and the last blocks of
   a batch do not carry its finished sentences along. α is traced, the beam size static.
-  `constraint(log_probs, prefixes, limit, inputs [b, s])` constrains every step (module docstring).
+  `constraint(log_probs, prefixes, limit, inputs [b, s])` constrains every step (module docstring);
+  `stop` is the beam's (`Beam.done`).
   """
 
   def __init__(
       self, config: TransformerConfig, max_decode_extra: int, beam_size: int = 1,
       alpha: float = 0.6, shapes: Shapes | str = "fast", compact: bool = True,
-      constraint: Callable | None = None,
+      constraint: Callable | None = None, stop: str = "proven",
   ):  # fmt: skip
     _check_beam_size(beam_size)
+    if stop not in STOPS:
+      raise ValueError(f"stop={stop!r}: expected one of {STOPS}")
     if not isinstance(shapes, Shapes) and shapes not in batch_shapes.NAMES:
       raise ValueError(f"shapes={shapes!r}: expected a Shapes or one of {batch_shapes.NAMES}")
     self.config, self.max_decode_extra = config, max_decode_extra
     self.beam_size, self.alpha, self.shapes, self.compact = beam_size, alpha, shapes, compact
     self.auto_fast = False  # "auto" has decoded a call of AUTO_FEW_BELOW sentences or more
-    self.constraint = constraint
+    self.constraint, self.stop = constraint, stop
     # A constraint that renormalizes over the tokens it allows answers the same for the logits
     # as for their log-softmax: it is given the logits, sparing a pass over the vocabulary.
     self.decoder = IncrementalDecoder(
@@ -422,7 +442,7 @@ class Predictor:
     decoder = self.greedy_decoder if beam_size == 1 else self.decoder
     log_probs, beams, sentence = decoder.start(params, inputs, end)
     limit = output_limits(inputs, self.max_decode_extra, n)
-    search = _search(beam_size, self.constraint, inputs, best_only=True, window=end)
+    search = _search(beam_size, self.constraint, inputs, True, end, self.stop)
     state = search.init(log_probs, limit, n, alpha)
     if beam_size > 1:
       beams = decoder.add_beams(beams, beam_size)
@@ -435,7 +455,7 @@ class Predictor:
     done [b], steps run so far, the best tokens so far [b, n])."""
     if keep is not None:
       carry = jax.tree.map(lambda x: x if x.ndim == 0 else x[keep], carry)
-    search = _search(beam_size, self.constraint, carry.inputs, best_only=True, window=end)
+    search = _search(beam_size, self.constraint, carry.inputs, True, end, self.stop)
     decoder = self.greedy_decoder if beam_size == 1 else self.decoder
     step_fn = decoder.step_fn(params, carry.inputs, carry.sentence)
     beams = decoder.grow(carry.beams, end, beam_size)
@@ -529,9 +549,15 @@ class Predictor:
 
 
 def _search(
-    beam_size: int, constraint=None, inputs=None, best_only=False, window: int | None = None
+    beam_size: int,
+    constraint=None,
+    inputs=None,
+    best_only=False,
+    window: int | None = None,
+    stop: str = "proven",
 ) -> Greedy | Beam:
-  """The search for `beam_size`, constrained by `constraint` bound to the batch's `inputs`.
+  """The search for `beam_size` (a beam's `stop` rule), constrained by `constraint` bound to the
+  batch's `inputs`.
   `window`: the constraint reads only the first `window` positions of each prefix (a block of
   `Predictor` steps below its cache length `end`, whose later positions are all PAD)."""
   if constraint is None:
@@ -541,7 +567,9 @@ def _search(
     def constrain(log_probs, prefixes, limit):
       return constraint(log_probs, prefixes[..., :window], limit, inputs=inputs)
 
-  return Greedy(constrain=constrain) if beam_size == 1 else Beam(beam_size, constrain, best_only)
+  if beam_size == 1:
+    return Greedy(constrain=constrain)
+  return Beam(beam_size, constrain, best_only, stop)
 
 
 def _check_beam_size(beam_size: int):

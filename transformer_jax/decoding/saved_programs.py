@@ -203,8 +203,8 @@ def _first_line(error: BaseException) -> str:
 
 def predictor_identity(predictor: decode.Predictor) -> str | None:
   """What a Predictor's programs depend on besides their arguments and this package's code: the
-  model config, the output limit and the constraint's tables (a dataclass of arrays and
-  settings, as tasks' constraints are); None for another kind of constraint, which
+  model config, the output limit, the beam's stop rule and the constraint's tables (a dataclass
+  of arrays and settings, as tasks' constraints are); None for another kind of constraint, which
   cannot be keyed, and for what a task decodes with in the place of the search (a span chart's
   parses: one jitted pass, kept by JAX's compilation cache alone)."""
   if not isinstance(predictor, decode.Predictor):
@@ -218,7 +218,10 @@ def predictor_identity(predictor: decode.Predictor) -> str | None:
     ]
   else:
     return None
-  return f"{predictor.config!r} extra={predictor.max_decode_extra} constraint={described}"
+  return (
+      f"{predictor.config!r} extra={predictor.max_decode_extra} stop={predictor.stop} "
+      f"constraint={described}"
+  )
 
 
 def _describe(value) -> str:

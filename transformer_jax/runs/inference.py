@@ -422,4 +422,5 @@ def eval_predictor(config, model_config: TransformerConfig, constraint: Any) -> 
       config.eval.alpha,
       shapes=config.eval.shapes,
       constraint=constraint,
+      stop=config.eval.beam_stop,
   )
