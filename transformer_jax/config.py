@@ -159,7 +159,7 @@ def eval_section() -> ml_collections.ConfigDict:
   # When the beam search leaves a sentence (§6.1: "terminate early when possible"): "proven",
   # once no alive hypothesis can beat the best finished one (the result of searching to the
   # output limit); "k_finished", also once beam_size hypotheses have finished (CTranslate2's and
-  # fairseq's rule; a deviation, off by default): ~1.4x faster beam 4 on Multi30k, 1.7% of
+  # fairseq's rule; a deviation, off by default): ~1.3x faster beam 4 on Multi30k, 1.7% of
   # translations differ (docs/translation.md).
   s.beam_stop = "proven"
   # The search's batch shapes (batch_shapes.py): "fast" decodes fastest once compiled; "few"
