@@ -26,6 +26,8 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
+from benchmarks import machine  # noqa: E402
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's --workdir.", required=True)
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size of the programs (1: greedy).")
 _SHAPES = flags.DEFINE_string("shapes", "128x16,64x32", "Batch shapes ROWSxLENGTH, comma-separated")
@@ -74,6 +76,7 @@ def main(argv):
     return p._start.trace(params, inputs, alpha, exit_at, beam_size=beam, n=n, end=ends[0])  # noqa: SLF001
 
   result = {"workdir": _WORKDIR.value, "device": jax.devices()[0].device_kind, "beam_size": beam}
+  result.update(machine.describe())
   result["layers"] = model_config.num_layers
 
   def time_shape(rows, length) -> dict:

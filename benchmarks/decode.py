@@ -42,6 +42,7 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
+from benchmarks import machine  # noqa: E402
 from transformer_jax import cli
 from transformer_jax.decoding import batch_shapes
 
@@ -131,6 +132,7 @@ def main(argv):
   result = {
       "workdir": _WORKDIR.value,
       "device": device.device_kind,
+      **machine.describe(),
       "platform": device.platform,
       "devices": jax.device_count(),
       "checkpoint": run.checkpoint,

@@ -29,6 +29,8 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
+from benchmarks import machine  # noqa: E402
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "A parsing run's --workdir.", required=True)
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "auto", "A step number, 'latest', 'avg' or 'auto' (see inference.load_run)."
@@ -77,6 +79,7 @@ def main(argv):
       "workdir": _WORKDIR.value,
       "checkpoint": run.checkpoint,
       "device": device.device_kind,
+      **machine.describe(),
       "cpus": len(os.sched_getaffinity(0)),
       "sentences": len(sentences),
       "words": sum(map(len, sentences)),

@@ -46,6 +46,8 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
+from benchmarks import machine  # noqa: E402
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "A translation run's --workdir.", required=True)
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line (default: test split).")
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size (1: greedy).", lower_bound=1)
@@ -162,7 +164,7 @@ def main(argv):
           {
               "workdir": _WORKDIR.value,
               "device": jax.devices()[0].device_kind,
-              "cpus": len(os.sched_getaffinity(0)),
+              **machine.describe(),
               "beam_size": _BEAM.value,
               "sentences": len(sources),
               "wall_s": round(wall, 3),

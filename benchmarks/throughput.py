@@ -54,6 +54,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
+from benchmarks import machine  # noqa: E402
 from transformer_jax import cli  # noqa: E402
 from transformer_jax.errors import UserError  # noqa: E402
 
@@ -286,6 +287,7 @@ def main(argv):
           {
               "benchmark": "train_step_throughput",
               "device": f"{devices.size}x {devices.flat[0].device_kind}",
+              **machine.describe(),
               "backend": jax.default_backend(),
               "dtype": np.dtype(dtype).name,
               "mesh": dict(trainer.mesh.shape),

@@ -46,6 +46,8 @@ def test_throughput_prints_one_json_line_whose_flop_count_matches_xla():
   # is well below 1 (0.13-0.15 on 2 shared cores). Above 1, the FLOP count or a timing is wrong.
   assert 0 < r["mfu"] < 1.0
   assert r["peak_matmul"].endswith("3 back to back")
+  # The processor by name and the cores (benchmarks/machine.py): "cpu" alone compares nothing.
+  assert r["processor"] and r["processor"] != "cpu" and r["cpus"] >= 1
   # A CPU has no nominal peak in the table: no nominal MFU rather than a made-up one.
   assert r["nominal_peak_flops"] is None and r["mfu_nominal"] is None
   # XLA counts every FLOP of the step (softmax, LayerNorm, Adam too); the analytic count is

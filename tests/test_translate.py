@@ -460,6 +460,7 @@ def test_decode_profile_names_where_a_step_spends_its_time(trained_run):
   workdir, _ = trained_run
   result = _benchmark("profile_decode.py", workdir, "--limit=16")
   assert result["sentences"] == 16 and result["steps"] >= 1 and result["event_s"] > 0
+  assert result["processor"] and result["cpus"] >= 1
   shares = result["parts_share"]
   assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
   for part in ("encoder", "self_attention_over_cache", "ffn", "layer_norm", "search"):
@@ -473,6 +474,7 @@ def test_decode_benchmark_reports_speed_memory_steps_and_device(trained_run):
   workdir, _ = trained_run
   result = _benchmark("decode.py", workdir, "--repeats=1")
   assert result["device"] and result["batch_tokens"] == 256 and result["peak_rss_gib"] > 0
+  assert result["processor"] and result["cpus"] >= 1  # the CPU by name (benchmarks/machine.py)
   for mode in ("greedy", "beam2"):
     r = result[mode]
     assert r["sentences_per_s"] > 0 and r["sentences"] == len(
