@@ -144,12 +144,12 @@ def main(argv):
   }
   beam = f"beam{_BEAM.value}"
   modes = (("greedy", 1), (beam, _BEAM.value))  # CTranslate2's, and ours with each stop rule
-  stops = {"greedy": "proven"}
-  for stop in _BEAM_STOPS.value:
-    stops[beam if stop == "proven" else f"{beam}_{stop}"] = stop
+  stops = {"greedy": "proven", **{_mode(beam, stop): stop for stop in _BEAM_STOPS.value}}
   translations = {}  # mode -> the project's translations, to compare CTranslate2's with
+  predictors = []  # each rule's search: its programs are its own
   for name, stop in stops.items() if "jax" in engines else ():
     decoder = run if stop == "proven" else run.with_overrides({"eval.beam_stop": stop})
+    predictors += [decoder.predictor] if decoder.predictor not in predictors else []
     kwargs = {"beam_size": 1 if name == "greedy" else _BEAM.value, "batch_tokens": batch_tokens}
     start = time.perf_counter()
     hypotheses = decoder.decode_ids(sources, **kwargs)  # warm-up: compiles each batch shape
@@ -175,11 +175,11 @@ def main(argv):
         "step_ms": round(1000 * seconds / max(stats["steps"], 1), 2),
         "row_steps": stats["row_steps"],
     }
-    if name != "greedy" and beam in translations and name != beam:
+    if stop != "proven" and beam in translations:
       same = sum(a == b for a, b in zip(hypotheses, translations[beam]))
       result[name]["identical_to_proven"] = same
   if "jax" in engines:
-    result["programs_compiled"] = run.predictor.programs()
+    result["programs_compiled"] = sum(p.programs() for p in predictors)
     for name in stops:
       if name != "greedy":
         ratio = result[name]["seconds"] / result["greedy"]["seconds"]
@@ -193,6 +193,11 @@ def main(argv):
   if "peak_bytes_in_use" in memory:
     result["device_peak_gib"] = round(memory["peak_bytes_in_use"] / 2**30, 2)
   print(json.dumps(result))
+
+
+def _mode(name: str, stop: str) -> str:
+  """A mode's name under a beam stop rule: "beam4" (proven), "beam4_k_finished"."""
+  return name if stop == "proven" else f"{name}_{stop}"
 
 
 def _check_engines() -> tuple[list[str], str | None]:
@@ -290,7 +295,8 @@ def _time_ctranslate2(run, sources, modes, batch_tokens, translations, device) -
             "sentences_per_s": round(len(sources) / seconds, 2),
             "tokens_per_s": round(out_tokens / seconds, 1),
         }
-        for ours in (name, f"{name}_k_finished"):  # the same mode of the project's, each rule
+        for stop in batch_shapes.STOPS:  # the same mode of the project's, under each rule
+          ours = _mode(name, stop)
           if ours in translations:
             same = sum(a == b for a, b in zip(hypotheses, translations[ours]))
             key = "identical_to_jax" + ours[len(name) :]

@@ -162,8 +162,7 @@ class Beam:
   stop: str = "proven"  # or "k_finished": also done once k hypotheses have finished (`done`)
 
   def __post_init__(self):
-    if self.stop not in STOPS:
-      raise ValueError(f"stop={self.stop!r}: expected one of {STOPS}")
+    _check_stop(self.stop)
 
   def init(self, first_log_probs, limit, max_decode_len: int, alpha) -> BeamState:
     """The state after the first step ([b, v], the distribution after BOS). Only beam 0 is real
@@ -414,8 +413,7 @@ class Predictor:
       constraint: Callable | None = None, stop: str = "proven",
   ):  # fmt: skip
     _check_beam_size(beam_size)
-    if stop not in STOPS:
-      raise ValueError(f"stop={stop!r}: expected one of {STOPS}")
+    _check_stop(stop)  # here too: before any program is traced
     if not isinstance(shapes, Shapes) and shapes not in batch_shapes.NAMES:
       raise ValueError(f"shapes={shapes!r}: expected a Shapes or one of {batch_shapes.NAMES}")
     self.config, self.max_decode_extra = config, max_decode_extra
@@ -570,6 +568,11 @@ def _search(
   if beam_size == 1:
     return Greedy(constrain=constrain)
   return Beam(beam_size, constrain, best_only, stop)
+
+
+def _check_stop(stop: str):
+  if stop not in STOPS:
+    raise ValueError(f"stop={stop!r}: expected one of {STOPS}")
 
 
 def _check_beam_size(beam_size: int):
