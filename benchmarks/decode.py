@@ -13,7 +13,9 @@ hypotheses), the decoder steps run (summed over batches) and the time per step, 
 their rows, and `row_steps` (sentences decoded at each step, summed: finished sentences leave a
 batch). The beam is timed once per `--beam_stops` rule (eval.beam_stop; "beam4" is "proven",
 "beam4_k_finished" stops once k hypotheses finished, as CTranslate2 does), with how many of its
-translations are identical to the proven beam's; beside them the device, the batch size in
+translations are identical to the proven beam's; where greedy search refills its rows
+(eval.refill, decoding/refill.py), "greedy_batches" times it in batches, with how many of its
+translations are identical to "greedy"'s; beside them the device, the batch size in
 tokens, the programs compiled and the peak memory (host RSS, and the device's peak where it
 reports one).
 
@@ -98,6 +100,12 @@ _CT2_DEVICE = flags.DEFINE_enum(
 _LENGTH_PENALTY = flags.DEFINE_float(
     "length_penalty", 1.0, "CTranslate2's beam length penalty: log P(Y) / |Y|^length_penalty."
 )
+_COMPARE_BATCHES = flags.DEFINE_bool(
+    "compare_batches",
+    True,
+    "Where greedy search refills its rows (eval.refill, one CPU device), also time it in "
+    "batches (mode greedy_batches, eval.refill=False) in the same run.",
+)
 ENGINES = ("jax", "ctranslate2")
 
 
@@ -144,13 +152,20 @@ def main(argv):
   }
   beam = f"beam{_BEAM.value}"
   modes = (("greedy", 1), (beam, _BEAM.value))  # CTranslate2's, and ours with each stop rule
-  stops = {"greedy": "proven", **{_mode(beam, stop): stop for stop in _BEAM_STOPS.value}}
+  # Each mode's overrides of the run's eval settings: greedy (refilled rows, where the search
+  # refills: decoding/refill.py) and, to compare, in batches; the beam under each stop rule.
+  variants = {"greedy": {}}
+  if _COMPARE_BATCHES.value and run.predictor.refills(1, run.mesh):
+    variants["greedy_batches"] = {"eval.refill": False}
+  for stop in _BEAM_STOPS.value:
+    variants[_mode(beam, stop)] = {} if stop == "proven" else {"eval.beam_stop": stop}
   translations = {}  # mode -> the project's translations, to compare CTranslate2's with
-  predictors = []  # each rule's search: its programs are its own
-  for name, stop in stops.items() if "jax" in engines else ():
-    decoder = run if stop == "proven" else run.with_overrides({"eval.beam_stop": stop})
+  predictors = []  # each variant's search: its programs are its own
+  for name, overrides in variants.items() if "jax" in engines else ():
+    decoder = run.with_overrides(overrides) if overrides else run
     predictors += [decoder.predictor] if decoder.predictor not in predictors else []
-    kwargs = {"beam_size": 1 if name == "greedy" else _BEAM.value, "batch_tokens": batch_tokens}
+    greedy = name.startswith("greedy")
+    kwargs = {"beam_size": 1 if greedy else _BEAM.value, "batch_tokens": batch_tokens}
     start = time.perf_counter()
     hypotheses = decoder.decode_ids(sources, **kwargs)  # warm-up: compiles each batch shape
     translations[name] = hypotheses
@@ -175,13 +190,14 @@ def main(argv):
         "step_ms": round(1000 * seconds / max(stats["steps"], 1), 2),
         "row_steps": stats["row_steps"],
     }
-    if stop != "proven" and beam in translations:
-      same = sum(a == b for a, b in zip(hypotheses, translations[beam]))
-      result[name]["identical_to_proven"] = same
+    first = "greedy" if greedy else beam  # the mode this one is compared with
+    if name != first and first in translations:
+      same = sum(a == b for a, b in zip(hypotheses, translations[first]))
+      result[name]["identical_to_greedy" if greedy else "identical_to_proven"] = same
   if "jax" in engines:
     result["programs_compiled"] = sum(p.programs() for p in predictors)
-    for name in stops:
-      if name != "greedy":
+    for name in variants:
+      if not name.startswith("greedy"):
         ratio = result[name]["seconds"] / result["greedy"]["seconds"]
         result[f"{name}_over_greedy_time"] = round(ratio, 2)
   if "ctranslate2" in engines:

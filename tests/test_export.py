@@ -481,9 +481,11 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
       "--quantizations=float32,int8", "--repeats=1", "--beam_size=2", "--batch_tokens=256",
       "--threads=1", "--beam_stops=proven,k_finished",
   ]  # fmt: skip
+  one_device = os.environ["XLA_FLAGS"].replace("--xla_force_host_platform_device_count=8", "")
   done = subprocess.run(
       [sys.executable, "benchmarks/decode.py", *args],
       cwd=REPO, capture_output=True, text=True, timeout=600,
+      env={**os.environ, "XLA_FLAGS": one_device},  # one CPU device: greedy refills its rows
   )  # fmt: skip
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -496,6 +498,9 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
       assert r["sentences"] == result[mode]["sentences"] == 24 and r["sentences_per_s"] > 0
       assert 0 <= r["identical_to_jax"] <= 24
   assert ct2["float32"]["greedy"]["identical_to_jax"] == 24  # the same model, the same search
+  # Greedy refilled its rows (decoding/refill.py), and in batches gave the same translations.
+  assert result["devices"] == 1 and result["greedy_batches"]["identical_to_greedy"] == 24
+  assert result["greedy"]["rows"] <= 128 and result["greedy"]["batches"] == 2  # chunks of 16
   # The beam once per stop rule, the second against the first; CTranslate2's against both.
   stopped = result["beam2_k_finished"]
   assert stopped["sentences"] == 24 and 0 <= stopped["identical_to_proven"] <= 24

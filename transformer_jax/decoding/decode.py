@@ -53,6 +53,7 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import batch_shapes, top_k
+from transformer_jax.decoding import refill as refill_lib
 from transformer_jax.decoding.batch_shapes import STOPS, Shapes
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.incremental import IncrementalDecoder
@@ -403,6 +404,8 @@ class Predictor:
   or a name of batch_shapes.NAMES (`shapes_for`); it decides only which programs are compiled. A
   done sentence's hypotheses never change, so this changes no translation, and the last blocks of
   a batch do not carry its finished sentences along. α is traced, the beam size static.
+  With `refill`, a greedy call on one CPU device is searched whole by `refiller` instead
+  (refill.py, `refills`; `inference.decode_sources`), with the same translations.
   `constraint(log_probs, prefixes, limit, inputs [b, s])` constrains every step (module docstring);
   `stop` is the beam's (`Beam.done`).
   """
@@ -410,7 +413,7 @@ class Predictor:
   def __init__(
       self, config: TransformerConfig, max_decode_extra: int, beam_size: int = 1,
       alpha: float = 0.6, shapes: Shapes | str = "fast", compact: bool = True,
-      constraint: Callable | None = None, stop: str = "proven",
+      constraint: Callable | None = None, stop: str = "proven", refill: bool = False,
   ):  # fmt: skip
     _check_beam_size(beam_size)
     _check_stop(stop)  # here too: before any program is traced
@@ -430,6 +433,10 @@ class Predictor:
     self.greedy_decoder = (
         self.decoder if constraint else dataclasses.replace(self.decoder, normalize=False)
     )
+    # Greedy search of a whole call in rows that finished sentences leave (refill.py).
+    self.refiller = None
+    if refill:
+      self.refiller = refill_lib.RefillGreedy(self.greedy_decoder, max_decode_extra)
     self._start = jax.jit(self._start_impl, static_argnames=("beam_size", "n", "end"))
     self._block = jax.jit(self._block_impl, static_argnames=("beam_size", "end"))
     self.signatures: set[tuple] = set()  # the programs called: (name, shapes, statics)
@@ -542,8 +549,21 @@ class Predictor:
     return len({s[1:3] for s in self.signatures if s[0] == "start"})
 
   def programs(self) -> int:
-    """The distinct programs called: starts and blocks (per rows, cache length and gather)."""
-    return len(self.signatures)
+    """The distinct programs called: starts and blocks (per rows, cache length and gather),
+    and the refill search's."""
+    return len(self.signatures) + (self.refiller.programs() if self.refiller else 0)
+
+  def refills(self, beam_size: int, mesh: jax.sharding.Mesh) -> bool:
+    """Whether a call of `beam_size` on `mesh` is searched by `refiller` (`refill`, greedy, no
+    constraint, one CPU device, one process): measured only there (docs/experiments.md)."""
+    one_cpu = mesh.size == 1 and mesh.devices.flat[0].platform == "cpu"
+    return (
+        bool(self.refiller)
+        and beam_size == 1
+        and self.constraint is None
+        and one_cpu
+        and (jax.process_count() == 1)
+    )
 
 
 def _search(

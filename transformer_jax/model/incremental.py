@@ -50,19 +50,20 @@ class IncrementalDecoder:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
   def step(self, params, cache, encoded, inputs, tokens, position, slots=None):
-    """One step: tokens [r] (the previous output) at `position` -> (log_probs [r, v], cache)
-    (the logits, with `normalize` False).
+    """One step: tokens [r] (the previous output) at `position` (a scalar, or [r] int32: each
+    row's own) -> (log_probs [r, v], cache) (the logits, with `normalize` False).
 
     `encoded` [b, s, e] on the first step (it fills the cross-attention cache), None after;
     `inputs` [b, s] for the source padding mask. With k = r / b beams per sentence, `slots`
     [b, k, n] is the search's slot table (kv_cache.py).
     """
+    positions = jnp.reshape(jnp.asarray(position, jnp.int32), (-1, 1))  # [1 or r, 1]
     logits, variables = self.model.apply(
         {"params": params, "cache": cache},
         encoded,
         inputs,
         tokens[:, None],  # [r, 1]
-        jnp.full((tokens.shape[0], 1), position, jnp.int32),  # targets_positions
+        jnp.broadcast_to(positions, (tokens.shape[0], 1)),  # targets_positions [r, 1]
         cache_slots=slots,
         method=Transformer.decode,
         mutable=["cache"],

@@ -18,8 +18,14 @@ cache; it passes a slot table `slots` [b, k, n] int32 instead: slots[i, j, p] is
 holds position p of beam j's prefix. When a beam continues another beam's prefix, only the table
 follows (decode.py); gathering the whole cache by parent every step cost more than attention.
 
+Rows that start anew (decoding/refill.py). A cache may also hold `row_start` [b] int32 beside its
+write index (`set_row_starts`, one slot only): then its n columns are a ring, step t writes column
+t % n, and row i attends to the columns written at steps row_start[i]..t, so a row whose sentence
+has finished takes a new one without the cache moving or the other rows noticing.
+
 The functions at the end act on a whole model's cache (the "cache" collection): split off the
-per-sentence cross-attention part, add beam slots, and grow the length between blocks of steps.
+per-sentence cross-attention part, add beam slots, grow the length between blocks of steps, and
+(refill.py) give rows their starts, a new sentence's first column and its padded source.
 """
 
 from __future__ import annotations
@@ -33,19 +39,30 @@ from flax import traverse_util
 SENTENCE_KEYS = ("cross_key", "cross_value")
 # Self-attention leaves: the axis of the n positions x k beam slots (position-major).
 COLUMN_AXIS = {"cached_key": 3, "cached_value": 2}
+# Cross-attention leaves: the axis of the s source positions.
+SOURCE_AXIS = {"cross_key": 3, "cross_value": 2}
 
 
-def slot_mask(index: jax.Array, slots: jax.Array | None, batch: int, beams: int, length: int):
+def slot_mask(
+    index: jax.Array, slots: jax.Array | None, batch: int, beams: int, length: int,
+    row_start: jax.Array | None = None,
+):  # fmt: skip
   """[b, k, n*k] bool: the columns row (i, j) attends to at write position `index`.
 
-  Without `slots` (k = 1): every position <= index (causal, §3.2.3). With `slots` [b, k, >= n]:
+  Without `slots` (k = 1): every position <= index (causal, §3.2.3); with `row_start` [b], the
+  ring's columns written at steps row_start[i]..index (module docstring). With `slots` [b, k, >= n]:
   (position p, slot slots[i, j, p]) for p < index, and its own slot j at p = index.
   """
   positions = jnp.arange(length)  # [n]
   if slots is None:
     if beams != 1:
       raise ValueError(f"a cache with {beams} beam slots needs a slot table (decode.py)")
-    return jnp.broadcast_to(positions <= index, (batch, 1, length))  # [b, 1, n]
+    if row_start is None:
+      return jnp.broadcast_to(positions <= index, (batch, 1, length))  # [b, 1, n]
+    written = index - (index - positions) % length  # [n]: the last step that wrote it (< 0: none)
+    return (written >= row_start[:, None])[:, None, :]  # [b, 1, n]
+  if row_start is not None:
+    raise ValueError("a cache with row starts has one slot: no slot table")
   beam = jnp.arange(beams)
   holder = jnp.where(positions == index, beam[:, None], slots[:, :, :length])  # [b, k, n]
   mask = (holder[..., None] == beam) & (positions <= index)[:, None]  # [b, k, n, k(slot)]
@@ -80,15 +97,19 @@ class SelfAttentionCache(nn.Module):
     beams, rest = divmod(rows, batch)
     if rest:
       raise ValueError(f"a cache of {batch} sentences cannot take {rows} rows of keys")
-    i = index.value
+    step = i = index.value  # i: the column written
+    row_start = None
+    if self.has_variable("cache", "row_start"):  # a ring (module docstring)
+      row_start = self.get_variable("cache", "row_start")  # [b]
+      i = step % (columns // beams)
     new_key = key.reshape(batch, beams, heads, key_dim).transpose(0, 2, 3, 1)  # [b, h, d_k, k]
     new_value = value.reshape(batch, beams, heads, value_dim).transpose(0, 2, 1, 3)  # [b,h,k,d_v]
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, new_key, (0, 0, 0, i * beams))
     cached_value.value = jax.lax.dynamic_update_slice(
         cached_value.value, new_value, (0, 0, i * beams, 0)
     )
-    index.value = i + 1
-    mask = slot_mask(i, slots, batch, beams, columns // beams)
+    index.value = step + 1
+    mask = slot_mask(step, slots, batch, beams, columns // beams, row_start)
     return cached_key.value, cached_value.value, mask
 
 
@@ -111,6 +132,39 @@ class CrossAttentionCache(nn.Module):
 
 
 # ----------------------------------------------------------------------------- a model's cache
+
+
+def set_row_starts(cache: dict, row_start: jax.Array) -> dict:
+  """The self-attention cache with `row_start` [b] int32 beside each layer's write index: its
+  columns become a ring whose rows start anew (module docstring)."""
+  flat = traverse_util.flatten_dict(cache)
+  for key in [k for k in flat if k[-1] == "cache_index"]:
+    flat[key[:-1] + ("row_start",)] = row_start
+  return traverse_util.unflatten_dict(flat)
+
+
+def put_column(cache: dict, rows: jax.Array, column: jax.Array, first: dict) -> dict:
+  """The self-attention cache (one slot) with column `column` of the rows `rows` [m] replaced
+  by `first`'s only column (a cache of m rows and one position: `IncrementalDecoder.start`'s)."""
+  flat, new = traverse_util.flatten_dict(cache), traverse_util.flatten_dict(first)
+  for key, axis in ((k, COLUMN_AXIS.get(k[-1])) for k in list(flat)):
+    if axis is not None:  # index (rows, :, ..., column): the result's axes are [m, ...]
+      index = (rows,) + (slice(None),) * (axis - 1) + (column,)
+      flat[key] = flat[key].at[index].set(jnp.take(new[key], 0, axis=axis))
+  return traverse_util.unflatten_dict(flat)
+
+
+def pad_source(sentence: dict, length: int) -> dict:
+  """The cross-attention cache padded with zeros to `length` source positions (masked: the
+  source's PAD)."""
+
+  def pad(x, axis):
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, widths)
+
+  flat = traverse_util.flatten_dict(sentence)
+  return traverse_util.unflatten_dict({k: pad(x, SOURCE_AXIS[k[-1]]) for k, x in flat.items()})
 
 
 def split(cache) -> tuple[dict, dict]:

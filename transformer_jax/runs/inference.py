@@ -286,7 +286,8 @@ def decode_sources(
   """The output tokens (EOS then PAD) of each token-id source (no EOS), in order: the one
   decoding path of every command and of training's evaluations, for every task.
 
-  Sentences are sorted by length and batched by tokens (`decode_batches`); each
+  Sentences are sorted by length and batched by tokens (`decode_batches`), or, for a greedy
+  search the predictor `refills`, searched whole in rows that finished ones leave; each
   sentence's output limit is its own (decode.py), so its output does not depend on the
   batch. `stats`, if given, is filled with what the decoding cost: batches, rows (filler
   included), decoder steps and row-steps (sentences decoded at each step, summed).
@@ -295,6 +296,13 @@ def decode_sources(
   batch_sharding = sharding.batch_sharding(mesh)
   rows_multiple = mesh.shape["data"] * mesh.shape["fsdp"]
   totals = {"batches": 0, "rows": 0, "steps": 0, "row_steps": 0}
+  if isinstance(predictor, decode.Predictor) and predictor.refills(beam_size, mesh):
+    out = predictor.refiller.search(
+        params, sources, bucket_lengths, predictor.config.max_len, totals
+    )
+    if stats is not None:
+      stats.update(totals)
+    return out
   for index, inputs in decode_batches(
       sources, bucket_lengths, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
   ):
@@ -423,4 +431,5 @@ def eval_predictor(config, model_config: TransformerConfig, constraint: Any) -> 
       shapes=config.eval.shapes,
       constraint=constraint,
       stop=config.eval.beam_stop,
+      refill=config.eval.refill,
   )

@@ -1,0 +1,123 @@
+"""Greedy search in rows that finished sentences leave (decoding/refill.py): the ring cache's
+mask, and each sentence's translation equal to the reference greedy search of it alone."""
+
+import jax
+import numpy as np
+import pytest
+
+from tests.test_beam_search import CONFIG, EXTRA, VOCAB, tiny_model
+from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
+from transformer_jax.decoding import decode, refill
+from transformer_jax.decoding.batch_shapes import Shapes
+from transformer_jax.model import incremental, kv_cache
+from transformer_jax.runs import inference
+
+DECODER = incremental.IncrementalDecoder(CONFIG, normalize=False)  # greedy: the first maximum
+BUCKETS = (4, 8, 12)
+
+
+@pytest.mark.parametrize("length", [1, 5])
+def test_ring_mask_is_the_columns_each_row_wrote_since_its_start(length):
+  """Column c is attended at step t iff the last step <= t that wrote it (t' % n == c) is at
+  or after the row's start; with no start, the causal mask of a cache of n positions."""
+  for index in range(3 * length):
+    starts = np.arange(-1, index + 1)
+    mask = np.asarray(kv_cache.slot_mask(index, None, len(starts), 1, length, starts))[:, 0]
+    for row, start in enumerate(starts):
+      for column in range(length):
+        last = max(t for t in range(-length, index + 1) if t % length == column)
+        assert mask[row, column] == (last >= start), (index, start, column)
+  causal = np.asarray(kv_cache.slot_mask(2, None, 3, 1, 4))[:, 0]
+  assert (causal == (np.arange(4) <= 2)).all()
+
+
+def test_a_ring_has_one_slot():
+  with pytest.raises(ValueError, match="one slot"):
+    kv_cache.slot_mask(0, np.zeros((1, 2, 3), np.int32), 1, 2, 3, np.zeros(1, np.int32))
+
+
+def sources(count, seed=0):
+  """`count` token-id sources (no EOS) of 1 to 11 tokens, in no order of length."""
+  rng = np.random.default_rng(seed)
+  return [rng.integers(3, VOCAB, rng.integers(1, 12)).tolist() for _ in range(count)]
+
+
+@jax.jit
+def _reference(params, inputs):
+  n = min(inputs.shape[1] + EXTRA, CONFIG.max_len)
+  limit = decode.output_limits(inputs, EXTRA, n)
+  return decode.greedy_search(DECODER, params, inputs, n, limit=limit)[0]
+
+
+def reference(params, source):
+  """decode.greedy_search of one source alone, padded to its bucket, with its output limit."""
+  length = next(b for b in BUCKETS if b >= len(source) + 1)
+  inputs = np.full((1, length), PAD_ID, np.int32)
+  inputs[0, : len(source) + 1] = source + [EOS_ID]
+  return _strip(np.asarray(_reference(params, inputs))[0])
+
+
+def _strip(tokens) -> list[int]:
+  tokens = [int(t) for t in tokens if t != PAD_ID]
+  return tokens[: tokens.index(EOS_ID) + 1] if EOS_ID in tokens else tokens
+
+
+def test_refill_gives_each_sentence_its_greedy_search_alone():
+  """37 sentences in 4 rows, 2 at a time: rows refill at different steps, the ring of 15
+  columns wraps several times, a last chunk of one is padded, and the tail goes on in 2 rows.
+  Every translation is the reference's of its sentence alone, ended by EOS or the limit."""
+  params, _ = tiny_model()
+  search = refill.RefillGreedy(DECODER, EXTRA, rows=4, chunk=2, shapes=Shapes(min_rows=2))
+  batch = sources(37)
+  stats = {}
+  got = search.search(params, batch, BUCKETS, CONFIG.max_len, stats)
+  expected = [reference(params, source) for source in batch]
+  assert [_strip(tokens) for tokens in got] == expected
+  ends = {tokens[-1] == EOS_ID for tokens in expected}
+  assert ends == {True, False}  # some reach EOS, some their limit
+  columns = min(12 + EXTRA, CONFIG.max_len)
+  assert stats["steps"] > 2 * columns  # the ring wrapped
+  assert stats["batches"] == 19 and stats["rows"] == 4
+  assert stats["row_steps"] < 4 * stats["steps"]  # the tail ran in fewer rows
+  assert {s[:2] for s in search.signatures if s[0] in ("run", "keep")} >= {("run", 2)}
+  # Again, in a call of its own: the same programs, the same translations.
+  programs = search.programs()
+  assert [_strip(t) for t in search.search(params, batch[:5], BUCKETS, CONFIG.max_len)] == (
+      expected[:5]
+  )
+  assert search.programs() >= programs
+
+
+def test_rows_are_a_multiple_of_the_chunk():
+  with pytest.raises(ValueError, match="multiple of chunk"):
+    refill.RefillGreedy(DECODER, EXTRA, rows=6, chunk=4)
+
+
+def test_decode_sources_refills_greedy_only_where_measured():
+  """The one decoding path refills greedy search on one CPU device without a constraint, with
+  the translations of the batches; beam search, a constraint or several devices go in batches."""
+  params, _ = tiny_model()
+  one = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+  eight = jax.sharding.Mesh(np.array(jax.devices()).reshape(8, 1, 1), ("data", "fsdp", "tensor"))
+  refilling = decode.Predictor(CONFIG, EXTRA, refill=True)
+  batches = decode.Predictor(CONFIG, EXTRA)
+  assert refilling.refills(1, one)
+  assert not refilling.refills(4, one) and not refilling.refills(1, eight)
+  assert not batches.refills(1, one)
+  assert not decode.Predictor(CONFIG, EXTRA, refill=True, constraint=_any).refills(1, one)
+  batch = sources(20, seed=1)
+  outputs = {}
+  for name, predictor in (("refill", refilling), ("batches", batches)):
+    stats = {}
+    with jax.set_mesh(one):
+      outputs[name] = inference.decode_sources(
+          predictor, params, batch, BUCKETS, one, beam_size=1, alpha=0.6, batch_tokens=32,
+          stats=stats,
+      )  # fmt: skip
+    assert set(stats) == {"batches", "rows", "steps", "row_steps"} and stats["steps"] > 0
+  assert [_strip(t) for t in outputs["refill"]] == [_strip(t) for t in outputs["batches"]]
+  assert refilling.refiller.programs() > 0 and refilling.programs() > refilling.searches()
+
+
+def _any(log_probs, prefixes, limit, inputs):
+  return log_probs
