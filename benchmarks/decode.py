@@ -13,11 +13,11 @@ hypotheses), the decoder steps run (summed over batches) and the time per step, 
 their rows, and `row_steps` (sentences decoded at each step, summed: finished sentences leave a
 batch). The beam is timed once per `--beam_stops` rule (eval.beam_stop; "beam4" is "proven",
 "beam4_k_finished" stops once k hypotheses finished, as CTranslate2 does), with how many of its
-translations are identical to the proven beam's. Where the search refills its rows
-(eval.refill, decoding/refill.py: one CPU device), "greedy_batches", "beam4_batches", ... time
-each mode in batches too, with how many translations are identical to the refilled rows'
-(`identical_to_refilled`). Beside them: the device, the batch size in tokens, the programs
-compiled and the peak memory (host RSS, and the device's peak where it reports one).
+translations are identical to the proven beam's; where greedy search refills its rows
+(eval.refill, decoding/refill.py), "greedy_batches" times it in batches, with how many of its
+translations are identical to "greedy"'s; beside them the device, the batch size in
+tokens, the programs compiled and the peak memory (host RSS, and the device's peak where it
+reports one).
 
 `--engines jax,ctranslate2` also exports the same parameters to CTranslate2
 (transformer_jax/serving/ctranslate2_model.py) once per `--quantizations` type and times its
@@ -103,8 +103,8 @@ _LENGTH_PENALTY = flags.DEFINE_float(
 _COMPARE_BATCHES = flags.DEFINE_bool(
     "compare_batches",
     True,
-    "Where the search refills its rows (eval.refill, one CPU device), also time each mode in "
-    "batches (mode NAME_batches, eval.refill=False) in the same run.",
+    "Where greedy search refills its rows (eval.refill, one CPU device), also time it in "
+    "batches (mode greedy_batches, eval.refill=False) in the same run.",
 )
 ENGINES = ("jax", "ctranslate2")
 
@@ -152,13 +152,13 @@ def main(argv):
   }
   beam = f"beam{_BEAM.value}"
   modes = (("greedy", 1), (beam, _BEAM.value))  # CTranslate2's, and ours with each stop rule
-  # Each mode's overrides of the run's eval settings: greedy and the beam under each stop rule,
-  # in refilled rows where the search refills (decoding/refill.py) and, to compare, in batches.
+  # Each mode's overrides of the run's eval settings: greedy (refilled rows, where the search
+  # refills: decoding/refill.py) and, to compare, in batches; the beam under each stop rule.
   variants = {"greedy": {}}
+  if _COMPARE_BATCHES.value and run.predictor.refills(1, run.mesh):
+    variants["greedy_batches"] = {"eval.refill": False}
   for stop in _BEAM_STOPS.value:
     variants[_mode(beam, stop)] = {} if stop == "proven" else {"eval.beam_stop": stop}
-  if _COMPARE_BATCHES.value and run.predictor.refills(1, run.mesh):
-    variants |= {f"{name}_batches": {**o, "eval.refill": False} for name, o in variants.items()}
   translations = {}  # mode -> the project's translations, to compare CTranslate2's with
   predictors = []  # each variant's search: its programs are its own
   for name, overrides in variants.items() if "jax" in engines else ():
@@ -190,16 +190,14 @@ def main(argv):
         "step_ms": round(1000 * seconds / max(stats["steps"], 1), 2),
         "row_steps": stats["row_steps"],
     }
-    if name.endswith("_batches"):  # against the same search in refilled rows
-      refilled = translations[name.removesuffix("_batches")]
-      result[name]["identical_to_refilled"] = sum(a == b for a, b in zip(hypotheses, refilled))
-    elif not greedy and name != beam and beam in translations:  # another stop rule
-      same = sum(a == b for a, b in zip(hypotheses, translations[beam]))
-      result[name]["identical_to_proven"] = same
+    first = "greedy" if greedy else beam  # the mode this one is compared with
+    if name != first and first in translations:
+      same = sum(a == b for a, b in zip(hypotheses, translations[first]))
+      result[name]["identical_to_greedy" if greedy else "identical_to_proven"] = same
   if "jax" in engines:
     result["programs_compiled"] = sum(p.programs() for p in predictors)
     for name in variants:
-      if not name.startswith("greedy") and not name.endswith("_batches"):
+      if not name.startswith("greedy"):
         ratio = result[name]["seconds"] / result["greedy"]["seconds"]
         result[f"{name}_over_greedy_time"] = round(ratio, 2)
   if "ctranslate2" in engines:

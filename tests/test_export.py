@@ -498,12 +498,9 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
       assert r["sentences"] == result[mode]["sentences"] == 24 and r["sentences_per_s"] > 0
       assert 0 <= r["identical_to_jax"] <= 24
   assert ct2["float32"]["greedy"]["identical_to_jax"] == 24  # the same model, the same search
-  # The searches refilled their rows (decoding/refill.py); in batches, the same translations.
-  assert result["devices"] == 1
-  for mode in ("greedy", "beam2", "beam2_k_finished"):
-    assert result[f"{mode}_batches"]["identical_to_refilled"] == 24
+  # Greedy refilled its rows (decoding/refill.py), and in batches gave the same translations.
+  assert result["devices"] == 1 and result["greedy_batches"]["identical_to_greedy"] == 24
   assert result["greedy"]["rows"] <= 128 and result["greedy"]["batches"] == 2  # chunks of 16
-  assert result["beam2"]["batches"] == 3  # chunks of 8 sentences
   # The beam once per stop rule, the second against the first; CTranslate2's against both.
   stopped = result["beam2_k_finished"]
   assert stopped["sentences"] == 24 and 0 <= stopped["identical_to_proven"] <= 24

@@ -1,8 +1,6 @@
 """Greedy search in rows that finished sentences leave (decoding/refill.py): the ring cache's
 mask, and each sentence's translation equal to the reference greedy search of it alone."""
 
-import functools
-
 import jax
 import numpy as np
 import pytest
@@ -31,6 +29,11 @@ def test_ring_mask_is_the_columns_each_row_wrote_since_its_start(length):
         assert mask[row, column] == (last >= start), (index, start, column)
   causal = np.asarray(kv_cache.slot_mask(2, None, 3, 1, 4))[:, 0]
   assert (causal == (np.arange(4) <= 2)).all()
+
+
+def test_a_ring_has_one_slot():
+  with pytest.raises(ValueError, match="one slot"):
+    kv_cache.slot_mask(0, np.zeros((1, 2, 3), np.int32), 1, 2, 3, np.zeros(1, np.int32))
 
 
 def sources(count, seed=0):
@@ -85,70 +88,35 @@ def test_refill_gives_each_sentence_its_greedy_search_alone():
   assert search.programs() >= programs
 
 
-BEAM_DECODER = incremental.IncrementalDecoder(CONFIG)  # log-probs
-
-
-@functools.partial(jax.jit, static_argnames=("stop",))
-def _reference_beam(params, inputs, alpha, stop):
-  n = min(inputs.shape[1] + EXTRA, CONFIG.max_len)
-  limit = decode.output_limits(inputs, EXTRA, n)
-  tokens, _, _ = decode.beam_search(
-      BEAM_DECODER, params, inputs, n, 4, alpha, limit=limit, best_only=True, stop=stop
-  )
-  return tokens[:, 0]
-
-
-@pytest.mark.parametrize("stop", ["proven", pytest.param("k_finished", marks=pytest.mark.slow)])
-def test_refilled_beam_gives_each_sentence_its_beam_search_alone(stop):
-  """Beam 4 of 37 sentences in 4 sentence rows (16 rows), 2 at a time, as the greedy test: each
-  sentence's best hypothesis is the reference search's of it alone, under either stop rule."""
-  params, _ = tiny_model()
-  search = refill.RefillBeam(
-      BEAM_DECODER, EXTRA, rows=4, chunk=2, shapes=Shapes(min_rows=2), beam_size=4, stop=stop
-  )
-  batch = sources(37, seed=2)
-  stats = {}
-  got = search.search(params, batch, BUCKETS, CONFIG.max_len, stats, alpha=0.6)
-  expected = []
-  for source in batch:
-    length = next(b for b in BUCKETS if b >= len(source) + 1)
-    inputs = np.full((1, length), PAD_ID, np.int32)
-    inputs[0, : len(source) + 1] = source + [EOS_ID]
-    expected.append(_strip(np.asarray(_reference_beam(params, inputs, 0.6, stop))[0]))
-  assert [_strip(tokens) for tokens in got] == expected
-  assert stats["steps"] > 2 * min(12 + EXTRA, CONFIG.max_len)  # the ring wrapped
-
-
 def test_rows_are_a_multiple_of_the_chunk():
   with pytest.raises(ValueError, match="multiple of chunk"):
     refill.RefillGreedy(DECODER, EXTRA, rows=6, chunk=4)
 
 
-def test_decode_sources_refills_only_where_measured_with_the_batches_translations():
-  """The one decoding path refills greedy and beam search on one CPU device without a
-  constraint, with the translations of the batches; a constraint or several devices go in
-  batches."""
+def test_decode_sources_refills_greedy_only_where_measured():
+  """The one decoding path refills greedy search on one CPU device without a constraint, with
+  the translations of the batches; beam search, a constraint or several devices go in batches."""
   params, _ = tiny_model()
   one = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
   eight = jax.sharding.Mesh(np.array(jax.devices()).reshape(8, 1, 1), ("data", "fsdp", "tensor"))
   refilling = decode.Predictor(CONFIG, EXTRA, refill=True)
   batches = decode.Predictor(CONFIG, EXTRA)
-  assert refilling.refills(1, one) and refilling.refills(4, one)
-  assert not refilling.refills(1, eight) and not batches.refills(1, one)
+  assert refilling.refills(1, one)
+  assert not refilling.refills(4, one) and not refilling.refills(1, eight)
+  assert not batches.refills(1, one)
   assert not decode.Predictor(CONFIG, EXTRA, refill=True, constraint=_any).refills(1, one)
   batch = sources(20, seed=1)
-  for beam_size in (1, 4):
-    outputs = {}
-    for name, predictor in (("refill", refilling), ("batches", batches)):
-      stats = {}
-      with jax.set_mesh(one):
-        outputs[name] = inference.decode_sources(
-            predictor, params, batch, BUCKETS, one, beam_size=beam_size, alpha=0.6,
-            batch_tokens=32, stats=stats,
-        )  # fmt: skip
-      assert set(stats) == {"batches", "rows", "steps", "row_steps"} and stats["steps"] > 0
-    assert [_strip(t) for t in outputs["refill"]] == [_strip(t) for t in outputs["batches"]]
-  assert set(refilling.refillers) == {1, 4} and refilling.programs() > refilling.searches()
+  outputs = {}
+  for name, predictor in (("refill", refilling), ("batches", batches)):
+    stats = {}
+    with jax.set_mesh(one):
+      outputs[name] = inference.decode_sources(
+          predictor, params, batch, BUCKETS, one, beam_size=1, alpha=0.6, batch_tokens=32,
+          stats=stats,
+      )  # fmt: skip
+    assert set(stats) == {"batches", "rows", "steps", "row_steps"} and stats["steps"] > 0
+  assert [_strip(t) for t in outputs["refill"]] == [_strip(t) for t in outputs["batches"]]
+  assert refilling.refiller.programs() > 0 and refilling.programs() > refilling.searches()
 
 
 def _any(log_probs, prefixes, limit, inputs):

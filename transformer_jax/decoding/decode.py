@@ -53,6 +53,7 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import batch_shapes, top_k
+from transformer_jax.decoding import refill as refill_lib
 from transformer_jax.decoding.batch_shapes import STOPS, Shapes
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.incremental import IncrementalDecoder
@@ -150,9 +151,6 @@ class BeamState(NamedTuple):
   finished_scores: jax.Array  # [b, k] float32 log P(Y) / lp(Y), best first; -inf = empty
   slots: jax.Array  # [b, k, n] int32: the cache slot of each position of each beam's prefix
   limit: jax.Array  # [b] int32: the sentence's maximum output length
-  # [b] int32 or None: the step at which each sentence's search began, its output index 0 at
-  # column start % n of the sequences and slots (a ring: refill.py); None: 0, step < n.
-  start: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,10 +165,9 @@ class Beam:
   def __post_init__(self):
     _check_stop(self.stop)
 
-  def init(self, first_log_probs, limit, max_decode_len: int, alpha, step=None) -> BeamState:
+  def init(self, first_log_probs, limit, max_decode_len: int, alpha) -> BeamState:
     """The state after the first step ([b, v], the distribution after BOS). Only beam 0 is real
-    at first; position 0 (the step that read BOS) is in slot 0 for every beam. `step` (a traced
-    scalar): the step this search begins at, in a ring of `max_decode_len` columns (refill.py)."""
+    at first; position 0 (the step that read BOS) is in slot 0 for every beam."""
     batch, vocab = first_log_probs.shape
     k, n = self.beam_size, max_decode_len
     empty = jnp.full((batch, k, n), PAD_ID, jnp.int32)
@@ -183,21 +180,16 @@ class Beam:
         slots=jnp.zeros((batch, k, n), jnp.int32),
         limit=limit,
     )
-    if step is not None:
-      state = state._replace(step=step, start=jnp.full((batch,), step, jnp.int32))
     first = jnp.broadcast_to(first_log_probs.astype(jnp.float32)[:, None], (batch, k, vocab))
     return self._extend(state, first, alpha)[0]  # every beam is the same: parent 0
 
   def step(self, step_fn, state: BeamState, cache, alpha):
     """Extends every alive hypothesis of the sentences not done; the others stay as they are."""
     batch, k = state.alive_log_probs.shape
-    n = state.alive_seqs.shape[2]
-    tokens = state.alive_seqs[:, :, (state.step - 1) % n].reshape(batch * k)  # [r]
-    position = _chosen(state)  # scalar, or [b]: each sentence's own
-    position = position if state.start is None else jnp.repeat(position, k)  # [r]
-    log_probs, cache = step_fn(tokens, cache, position, state.slots)  # [r, v]
+    tokens = state.alive_seqs[:, :, state.step - 1].reshape(batch * k)  # [r]
+    log_probs, cache = step_fn(tokens, cache, state.step, state.slots)  # [r, v]
     grown, parents = self._extend(state, log_probs.reshape(batch, k, -1), alpha)
-    slots = _take_beams(state.slots, parents).at[:, :, state.step % n].set(parents)  # [b, k, n]
+    slots = _take_beams(state.slots, parents).at[:, :, state.step].set(parents)  # [b, k, n]
     grown = grown._replace(slots=slots)
     done = self.done(state, alpha)  # [b]
     return jax.tree.map(lambda new, old: _where_sentence(done, old, new), grown, state), cache
@@ -223,11 +215,10 @@ class Beam:
     extension ranked among the k best of its step, as CTranslate2 and fairseq count them): the
     best of those k, which an alive hypothesis might still have beaten.
     """
-    chosen = _chosen(state)  # tokens chosen so far: scalar, or [b]
-    longest = jnp.where(alpha >= 0, state.limit, chosen + 1)  # [b]; alpha may be traced
+    longest = jnp.where(alpha >= 0, state.limit, state.step + 1)  # [b]; alpha may be traced
     best_alive = state.alive_log_probs[:, 0] / length_penalty(longest, alpha)  # [b]
     finished = state.finished_scores[:, 0 if self.best_only else -1]
-    done = (chosen >= state.limit) | (finished >= best_alive)
+    done = (state.step >= state.limit) | (finished >= best_alive)
     if self.stop == "k_finished":  # the finished set keeps the k best: full once k finished
       done |= state.finished_scores[:, -1] > -jnp.inf
     return done
@@ -236,7 +227,7 @@ class Beam:
     """(tokens [b, k, n], scores [b, k]), best first: the finished hypotheses, or the alive ones
     (no EOS, |Y| = their length) of a sentence where none finished; empty slots -inf, all PAD."""
     any_finished = state.finished_scores[:, :1] > -jnp.inf  # [b, 1]
-    length = jnp.minimum(_chosen(state), state.limit)[:, None]  # [b, 1]
+    length = jnp.minimum(state.step, state.limit)[:, None]  # [b, 1]
     alive_scores = state.alive_log_probs / length_penalty(length, alpha)  # [b, k]
     scores = jnp.where(any_finished, state.finished_scores, alive_scores)  # [b, k]
     tokens = jnp.where(any_finished[:, :, None], state.finished_seqs, state.alive_seqs)
@@ -244,11 +235,6 @@ class Beam:
 
   def best(self, state: BeamState, alpha) -> jax.Array:
     return self.result(state, alpha)[0][:, 0]  # [b, n]
-
-
-def _chosen(state: BeamState) -> jax.Array:
-  """The tokens each sentence has chosen so far: the step (scalar), or step - start [b]."""
-  return state.step if state.start is None else state.step - state.start
 
 
 def _where_sentence(mask: jax.Array, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -272,8 +258,6 @@ def _grow(state: BeamState, log_probs: jax.Array, ids, alpha) -> tuple[BeamState
   """
   _, beam, vocab = log_probs.shape
   i = state.step
-  chosen = _chosen(state)  # |Y| so far: scalar, or [b]
-  chosen = chosen if state.start is None else chosen[:, None]  # [b, 1]
   candidates = state.alive_log_probs[:, :, None] + log_probs  # [b, k, v]
   top_log_probs, top_index = top_k.top_extensions(candidates, 2 * beam)  # [b, 2k]
   parents = top_index // vocab  # [b, 2k]
@@ -281,15 +265,14 @@ def _grow(state: BeamState, log_probs: jax.Array, ids, alpha) -> tuple[BeamState
     tokens = (top_index % vocab).astype(jnp.int32)  # [b, 2k]
   else:  # vocab is m here: the candidates' own ids
     tokens = jnp.take_along_axis(ids.reshape(ids.shape[0], -1), top_index, axis=1)  # [b, 2k]
-  column = i % state.alive_seqs.shape[2]  # i itself without a ring
-  seqs = _take_beams(state.alive_seqs, parents).at[:, :, column].set(tokens)  # [b, 2k, n]
+  seqs = _take_beams(state.alive_seqs, parents).at[:, :, i].set(tokens)  # [b, 2k, n]
   is_eos = tokens == EOS_ID
   # Alive: the k best that continue (an EOS candidate never stays alive, so is never extended).
   alive_log_probs, keep = jax.lax.top_k(jnp.where(is_eos, -jnp.inf, top_log_probs), beam)  # [b, k]
-  # Finished: EOS candidates within this step's beam (rank < k), scored with |Y| = chosen + 1. The
+  # Finished: EOS candidates within this step's beam (rank < k), scored with |Y| = i + 1. The
   # old finished come first, so a tie keeps the earlier (shorter) hypothesis.
   in_beam = is_eos & (jnp.arange(2 * beam) < beam)[None, :]  # [b, 2k]
-  new_scores = jnp.where(in_beam, top_log_probs / length_penalty(chosen + 1, alpha), -jnp.inf)
+  new_scores = jnp.where(in_beam, top_log_probs / length_penalty(i + 1, alpha), -jnp.inf)
   scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [b, 3k]
   finished_scores, best = jax.lax.top_k(scores, beam)  # [b, k]
   finished_seqs = _take_beams(jnp.concatenate([state.finished_seqs, seqs], axis=1), best)
@@ -410,10 +393,6 @@ class _Batch:
   row_steps: int = 0  # sentences decoded at each step, summed over the steps
 
 
-# A refilled beam search's sentences (k rows each) and the sentences it takes at a time.
-REFILL_SENTENCES, REFILL_CHUNK = 32, 8
-
-
 class Predictor:
   """(params, inputs [b, s]) -> tokens [b, n], EOS then PAD: the best translation of each row.
 
@@ -425,9 +404,8 @@ class Predictor:
   or a name of batch_shapes.NAMES (`shapes_for`); it decides only which programs are compiled. A
   done sentence's hypotheses never change, so this changes no translation, and the last blocks of
   a batch do not carry its finished sentences along. α is traced, the beam size static.
-  With `refill`, a call without a constraint on one CPU device is searched whole by
-  `refiller(beam_size)` instead (refill.py, `refills`; `inference.decode_sources`), with the
-  same translations.
+  With `refill`, a greedy call on one CPU device is searched whole by `refiller` instead
+  (refill.py, `refills`; `inference.decode_sources`), with the same translations.
   `constraint(log_probs, prefixes, limit, inputs [b, s])` constrains every step (module docstring);
   `stop` is the beam's (`Beam.done`).
   """
@@ -455,8 +433,10 @@ class Predictor:
     self.greedy_decoder = (
         self.decoder if constraint else dataclasses.replace(self.decoder, normalize=False)
     )
-    self.refill = refill
-    self.refillers: dict[int, Any] = {}  # beam size -> refill.Refill (`refiller`)
+    # Greedy search of a whole call in rows that finished sentences leave (refill.py).
+    self.refiller = None
+    if refill:
+      self.refiller = refill_lib.RefillGreedy(self.greedy_decoder, max_decode_extra)
     self._start = jax.jit(self._start_impl, static_argnames=("beam_size", "n", "end"))
     self._block = jax.jit(self._block_impl, static_argnames=("beam_size", "end"))
     self.signatures: set[tuple] = set()  # the programs called: (name, shapes, statics)
@@ -571,29 +551,19 @@ class Predictor:
   def programs(self) -> int:
     """The distinct programs called: starts and blocks (per rows, cache length and gather),
     and the refill search's."""
-    return len(self.signatures) + sum(r.programs() for r in self.refillers.values())
+    return len(self.signatures) + (self.refiller.programs() if self.refiller else 0)
 
   def refills(self, beam_size: int, mesh: jax.sharding.Mesh) -> bool:
-    """Whether a call of `beam_size` on `mesh` is searched by `refiller` (`refill`, no
+    """Whether a call of `beam_size` on `mesh` is searched by `refiller` (`refill`, greedy, no
     constraint, one CPU device, one process): measured only there (docs/experiments.md)."""
     one_cpu = mesh.size == 1 and mesh.devices.flat[0].platform == "cpu"
-    return self.refill and self.constraint is None and one_cpu and jax.process_count() == 1
-
-  def refiller(self, beam_size: int):
-    """The search of a whole call in rows that finished sentences leave (refill.py), one per
-    beam size: greedy's reads the logits, as `_start_impl`'s."""
-    from transformer_jax.decoding import refill  # it builds on this module's searches
-
-    if beam_size not in self.refillers:
-      if beam_size == 1:
-        found = refill.RefillGreedy(self.greedy_decoder, self.max_decode_extra)
-      else:
-        found = refill.RefillBeam(
-            self.decoder, self.max_decode_extra, beam_size=beam_size, stop=self.stop,
-            rows=REFILL_SENTENCES, chunk=REFILL_CHUNK,
-        )  # fmt: skip
-      self.refillers[beam_size] = found
-    return self.refillers[beam_size]
+    return (
+        bool(self.refiller)
+        and beam_size == 1
+        and self.constraint is None
+        and one_cpu
+        and (jax.process_count() == 1)
+    )
 
 
 def _search(

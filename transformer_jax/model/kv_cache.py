@@ -19,7 +19,7 @@ holds position p of beam j's prefix. When a beam continues another beam's prefix
 follows (decode.py); gathering the whole cache by parent every step cost more than attention.
 
 Rows that start anew (decoding/refill.py). A cache may also hold `row_start` [b] int32 beside its
-write index (`set_row_starts`): then its n positions are a ring, step t writes column
+write index (`set_row_starts`, one slot only): then its n columns are a ring, step t writes column
 t % n, and row i attends to the columns written at steps row_start[i]..t, so a row whose sentence
 has finished takes a new one without the cache moving or the other rows noticing.
 
@@ -49,26 +49,23 @@ def slot_mask(
 ):  # fmt: skip
   """[b, k, n*k] bool: the columns row (i, j) attends to at write position `index`.
 
-  Without `slots` (k = 1): every position <= index (causal, §3.2.3). With `slots` [b, k, >= n]:
-  (position p, slot slots[i, j, p]) for p < index, and its own slot j at p = index. With
-  `row_start` [b] the positions are a ring's columns (module docstring): those written at steps
-  row_start[i]..index, the one written now at index % n.
+  Without `slots` (k = 1): every position <= index (causal, §3.2.3); with `row_start` [b], the
+  ring's columns written at steps row_start[i]..index (module docstring). With `slots` [b, k, >= n]:
+  (position p, slot slots[i, j, p]) for p < index, and its own slot j at p = index.
   """
   positions = jnp.arange(length)  # [n]
-  if row_start is None:
-    visible = jnp.broadcast_to(positions <= index, (batch, length))  # [b, n]
-    now = positions == index  # [n]
-  else:
-    written = index - (index - positions) % length  # [n]: the last step that wrote it (< 0: none)
-    visible = written >= row_start[:, None]  # [b, n]
-    now = positions == index % length
   if slots is None:
     if beams != 1:
       raise ValueError(f"a cache with {beams} beam slots needs a slot table (decode.py)")
-    return visible[:, None, :]  # [b, 1, n]
+    if row_start is None:
+      return jnp.broadcast_to(positions <= index, (batch, 1, length))  # [b, 1, n]
+    written = index - (index - positions) % length  # [n]: the last step that wrote it (< 0: none)
+    return (written >= row_start[:, None])[:, None, :]  # [b, 1, n]
+  if row_start is not None:
+    raise ValueError("a cache with row starts has one slot: no slot table")
   beam = jnp.arange(beams)
-  holder = jnp.where(now, beam[:, None], slots[:, :, :length])  # [b, k, n]
-  mask = (holder[..., None] == beam) & visible[:, None, :, None]  # [b, k, n, k(slot)]
+  holder = jnp.where(positions == index, beam[:, None], slots[:, :, :length])  # [b, k, n]
+  mask = (holder[..., None] == beam) & (positions <= index)[:, None]  # [b, k, n, k(slot)]
   return mask.reshape(batch, beams, length * beams)
 
 
@@ -146,20 +143,14 @@ def set_row_starts(cache: dict, row_start: jax.Array) -> dict:
   return traverse_util.unflatten_dict(flat)
 
 
-def put_column(
-    cache: dict, rows: jax.Array, position: jax.Array, first: dict, beams: int = 1
-) -> dict:
-  """The self-attention cache (`beams` slots) with position `position` of the sentences `rows`
-  [m] replaced, in every slot, by `first`'s only column (a cache of m sentences, one slot and one
-  position: `IncrementalDecoder.start`'s)."""
+def put_column(cache: dict, rows: jax.Array, column: jax.Array, first: dict) -> dict:
+  """The self-attention cache (one slot) with column `column` of the rows `rows` [m] replaced
+  by `first`'s only column (a cache of m rows and one position: `IncrementalDecoder.start`'s)."""
   flat, new = traverse_util.flatten_dict(cache), traverse_util.flatten_dict(first)
   for key, axis in ((k, COLUMN_AXIS.get(k[-1])) for k in list(flat)):
-    if axis is None:
-      continue
-    column = jnp.take(new[key], 0, axis=axis)  # [m, ...]
-    for slot in range(beams):  # index (rows, :, ..., p*k + j): the result's axes are [m, ...]
-      index = (rows,) + (slice(None),) * (axis - 1) + (position * beams + slot,)
-      flat[key] = flat[key].at[index].set(column)
+    if axis is not None:  # index (rows, :, ..., column): the result's axes are [m, ...]
+      index = (rows,) + (slice(None),) * (axis - 1) + (column,)
+      flat[key] = flat[key].at[index].set(jnp.take(new[key], 0, axis=axis))
   return traverse_util.unflatten_dict(flat)
 
 

@@ -297,8 +297,8 @@ def decode_sources(
   rows_multiple = mesh.shape["data"] * mesh.shape["fsdp"]
   totals = {"batches": 0, "rows": 0, "steps": 0, "row_steps": 0}
   if isinstance(predictor, decode.Predictor) and predictor.refills(beam_size, mesh):
-    out = predictor.refiller(beam_size).search(
-        params, sources, bucket_lengths, predictor.config.max_len, totals, alpha
+    out = predictor.refiller.search(
+        params, sources, bucket_lengths, predictor.config.max_len, totals
     )
     if stats is not None:
       stats.update(totals)
