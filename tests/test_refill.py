@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.test_beam_search import CONFIG, EXTRA, VOCAB, tiny_model
+from transformer_jax import config as config_lib
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import decode, refill
 from transformer_jax.decoding.batch_shapes import Shapes
@@ -117,6 +118,15 @@ def test_decode_sources_refills_greedy_only_where_measured():
     assert set(stats) == {"batches", "rows", "steps", "row_steps"} and stats["steps"] > 0
   assert [_strip(t) for t in outputs["refill"]] == [_strip(t) for t in outputs["batches"]]
   assert refilling.refiller.programs() > 0 and refilling.programs() > refilling.searches()
+
+
+def test_the_eval_config_turns_refilling_on_and_off():
+  """`eval.refill` (on by default) reaches the search of the commands and evaluations."""
+  config = config_lib.default_config()
+  assert config.eval.refill is True
+  assert inference.eval_predictor(config, CONFIG, None).refiller is not None
+  config.eval.refill = False
+  assert inference.eval_predictor(config, CONFIG, None).refiller is None
 
 
 def _any(log_probs, prefixes, limit, inputs):

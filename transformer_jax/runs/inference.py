@@ -287,7 +287,8 @@ def decode_sources(
   decoding path of every command and of training's evaluations, for every task.
 
   Sentences are sorted by length and batched by tokens (`decode_batches`), or, for a greedy
-  search the predictor `refills`, searched whole in rows that finished ones leave; each
+  search the predictor `refills`, searched whole in rows that finished ones leave (its own
+  rows: `batch_tokens` does not apply); each
   sentence's output limit is its own (decode.py), so its output does not depend on the
   batch. `stats`, if given, is filled with what the decoding cost: batches, rows (filler
   included), decoder steps and row-steps (sentences decoded at each step, summed).
