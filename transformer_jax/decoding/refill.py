@@ -100,11 +100,12 @@ class RefillGreedy:
     # decode.output_limits: the source's tokens (EOS included) + extra, within W
     limit = jnp.minimum(jnp.sum(chunk != PAD_ID, axis=1, dtype=jnp.int32) + self.extra, columns)
     start = carry.step - 1  # the BOS step's column, just behind the ring's write index
+    starts = carry.start.at[where].set(start)  # [R]: the carry's and the cache's `row_start`
     column = start % columns
     wide = source - chunk.shape[1]
     sentence = kv_cache.pad_source(sentence, source)  # [m, ..., S]
     beams = kv_cache.put_column(carry.beams, where, column, bos)
-    beams = kv_cache.set_row_starts(beams, carry.start.at[where].set(start))
+    beams = kv_cache.set_row_starts(beams, starts)
     out = carry.out.at[where].set(PAD_ID).at[where, column].set(token)  # [R, W]
     return RefillCarry(
         inputs=carry.inputs.at[where].set(jnp.pad(chunk, ((0, 0), (0, wide)))),
@@ -113,7 +114,7 @@ class RefillGreedy:
         token=carry.token.at[where].set(token),
         finished=carry.finished.at[where].set((token == EOS_ID) | (limit <= 1)),
         out=out,
-        start=carry.start.at[where].set(start),
+        start=starts,
         end=carry.end.at[where].set(start + limit),
         step=carry.step,
     )

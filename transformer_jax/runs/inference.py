@@ -301,22 +301,20 @@ def decode_sources(
     out = predictor.refiller.search(
         params, sources, bucket_lengths, predictor.config.max_len, totals
     )
-    if stats is not None:
-      stats.update(totals)
-    return out
-  for index, inputs in decode_batches(
-      sources, bucket_lengths, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
-  ):
-    inputs_global = _to_global(batch_sharding, inputs)
-    tokens, steps = predictor.search(
-        params, inputs_global, alpha, beam_size, stats=totals, sentences=len(sources)
-    )
-    for row, i in enumerate(index):
-      if i >= 0:
-        out[i] = tokens[row]
-    totals["batches"] += 1
-    totals["rows"] += inputs.shape[0]
-    totals["steps"] += steps
+  else:
+    for index, inputs in decode_batches(
+        sources, bucket_lengths, batch_tokens or DEFAULT_BATCH_TOKENS, rows_multiple
+    ):
+      inputs_global = _to_global(batch_sharding, inputs)
+      tokens, steps = predictor.search(
+          params, inputs_global, alpha, beam_size, stats=totals, sentences=len(sources)
+      )
+      for row, i in enumerate(index):
+        if i >= 0:
+          out[i] = tokens[row]
+      totals["batches"] += 1
+      totals["rows"] += inputs.shape[0]
+      totals["steps"] += steps
   if stats is not None:
     stats.update(totals)
   return out
