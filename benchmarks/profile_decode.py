@@ -68,33 +68,48 @@ PARTS = (
     ("cross_attention_over_source", r"cross_attention\."),
     ("ffn", r"/ffn"),
     ("decoder_other", r"Transformer\.decode"),
-    ("search", r"jit\(_block_impl\)|jit\(_start_impl\)"),
+    ("search", r"jit\(_(block|start|run|refill|keep|empty)_impl\)"),
 )
 
 
-def _instruction_ops(dump_dir: str) -> dict[str, str]:
-  """HLO instruction name -> its JAX op_name, from every optimized module XLA dumped."""
-  ops = {}
-  pattern = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name=\"([^\"]*)\"")
+def _instruction_ops(dump_dir: str) -> dict[tuple[str, str], str]:
+  """(HLO module name, instruction name) -> its JAX op_name, from every optimized module XLA
+  dumped. Different programs name their instructions alike (`fusion.1`), so the module is part
+  of the key; modules of one name (one function at other shapes) share their instructions. An
+  instruction XLA made without a source op (a batched dot of attention taken out of its
+  fusion) is given the op of its first operand that has one."""
+  ops, unnamed = {}, {}
+  line_re = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \S+ [\w\-]+\(([^)]*)\)(.*)$")
   for path in glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")):
+    module = re.sub(r"^module_\d+\.|\.[^.]*after_optimizations\.txt$", "", os.path.basename(path))
     for line in pathlib.Path(path).read_text().splitlines():
-      m = pattern.match(line)
-      if m:
-        ops.setdefault(m.group(1), m.group(2))
+      m = line_re.match(line)
+      if not m:
+        continue
+      op_name = re.search(r'op_name="([^"]*)"', m.group(3))
+      if op_name:
+        ops.setdefault((module, m.group(1)), op_name.group(1))
+      else:
+        operands = re.findall(r"%([\w.\-]+)", m.group(2))
+        unnamed.setdefault((module, m.group(1)), operands)
+  for (module, name), operands in unnamed.items():
+    named = [ops[(module, o)] for o in operands if (module, o) in ops]
+    if named and (module, name) not in ops:
+      ops[(module, name)] = named[0]
   return ops
 
 
 def _events(trace_dir: str) -> list[dict]:
-  """The complete ('X') events of the perfetto trace the profiler wrote."""
-  paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
-  paths += glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
-  events = []
-  for path in paths:
-    with gzip.open(path, "rt") as f:
-      data = json.load(f)
-    items = data["traceEvents"] if isinstance(data, dict) else data
-    events += [e for e in items if e.get("ph") == "X" and "dur" in e]
-  return events
+  """The complete ('X') events of the trace the profiler wrote. It writes the same events twice
+  (perfetto_trace.json.gz and HOST.trace.json.gz): one file is read."""
+  paths = glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
+  paths = paths or glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+  if not paths:
+    return []
+  with gzip.open(paths[0], "rt") as f:
+    data = json.load(f)
+  items = data["traceEvents"] if isinstance(data, dict) else data
+  return [e for e in items if e.get("ph") == "X" and "dur" in e]
 
 
 def part_of(op_name: str) -> str:
@@ -154,9 +169,9 @@ def main(argv):
   ops = _instruction_ops(dump_dir)
   seconds = collections.Counter()
   for event in _events(trace_dir):
-    name = event["name"]
-    if name in ops:
-      seconds[part_of(ops[name])] += event["dur"] / 1e6
+    key = (event.get("args", {}).get("hlo_module"), event["name"])
+    if key in ops:
+      seconds[part_of(ops[key])] += event["dur"] / 1e6
   total = sum(seconds.values())
   flops_row = step_flops_per_row(run.model_config)
   print(

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 from test_beam_search import CONFIG, EXTRA, tiny_model
+from test_refill import BUCKETS, sources
 
 from transformer_jax.decoding import compilation, decode, saved_programs
 from transformer_jax.decoding.batch_shapes import Shapes
@@ -53,6 +54,46 @@ def test_exported_programs_translate_the_same_and_a_later_run_traces_nothing(exp
   assert saved.loaded == programs and saved.exported == 0
   assert log.traces["_start_impl"] == 0 and log.traces["_block_impl"] == 0  # nothing re-traced
   assert len(_files(cache / saved_programs.SUBDIR)) == programs
+
+
+REFILL_PROGRAMS = ("_empty_impl", "_refill_impl", "_run_impl", "_keep_impl")
+
+
+def _refilling():
+  """A Predictor whose greedy search refills 4 rows 2 at a time (refill.py)."""
+  predictor = decode.Predictor(CONFIG, EXTRA, refill=True)
+  predictor.refiller = dataclasses.replace(
+      predictor.refiller, rows=4, chunk=2, shapes=Shapes(min_rows=2)
+  )
+  return predictor
+
+
+def test_refilled_rows_run_exported_and_a_later_run_traces_nothing(tmp_path):
+  """Greedy search in refilled rows keeps its programs as the batches' do: a later Predictor
+  reads every one, traces none, and translates as the jitted search; a loaded program takes
+  the carry it is given (donated, as to the jitted one), so a call copies no cache."""
+  params, _ = tiny_model()
+  batch = sources(37)
+  search = lambda p: p.refiller.search(params, batch, BUCKETS, CONFIG.max_len)  # noqa: E731
+  expected = search(_refilling())
+  first = _refilling()
+  saved = saved_programs.attach(first, str(tmp_path))
+  with compilation.CompileLog() as log:
+    assert all(np.array_equal(a, b) for a, b in zip(search(first), expected, strict=True))
+  assert all(log.traces[name] > 0 for name in REFILL_PROGRAMS)  # the names traced
+  programs = first.refiller.programs()
+  assert saved.exported == programs == len(_files(tmp_path / saved_programs.SUBDIR))
+  later = _refilling()
+  saved = saved_programs.attach(later, str(tmp_path))
+  with compilation.CompileLog() as log:
+    assert all(np.array_equal(a, b) for a, b in zip(search(later), expected, strict=True))
+  assert saved.loaded == programs and saved.exported == 0
+  assert all(log.traces[name] == 0 for name in REFILL_PROGRAMS)
+  assert later.refiller.programs() == programs
+  columns = min(BUCKETS[-1] + EXTRA, CONFIG.max_len)
+  carry = later.refiller._program("empty", rows=4, source=BUCKETS[-1], columns=columns)()
+  later.refiller._program("run")(params, carry, np.int32(1))  # the search's own program
+  assert saved.exported == 0 and all(x.is_deleted() for x in jax.tree.leaves(carry))
 
 
 def _flip_middle(data: bytes, start: int = 0, end: int | None = None, size: int = 32) -> bytes:

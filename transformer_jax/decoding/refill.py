@@ -10,11 +10,13 @@ The tail of the call (no sentence left to take a row) halves the rows as `Predic
 
 How a row starts anew (kv_cache.py, "rows that start anew"): the self-attention cache is a ring of
 W = the longest output limit columns, step t writes column t % W, and `row_start` [R] tells each
-row which columns are its own sentence's. A sentence joins at step t as `Predictor` starts one
-(`IncrementalDecoder.start`: its encoder and the step that reads BOS, for the chunk alone); the
-BOS step's keys and values go into column t - 1 of its row, which becomes its start; its
-source's cross-attention keys and values replace the row's. Output index q of a row is column
-(start + q) % W of `out` [R, W], the same column as the step that read its input.
+row which columns are its own sentence's. A sentence joins at step t: its chunk's encoder and
+cross-attention keys and values run alone (`IncrementalDecoder.cross_cache`) and replace the
+row's; the row's next input is BOS and its start is t, so step t of all rows reads its BOS at
+position 0 and writes its keys and values into column t % W. Output index q of a row is column
+(start + q) % W of `out` [R, W], the column of the step that read its input. (The chunk's BOS
+step run apart, as `Predictor` starts a batch, cost more in small operations than a row-step
+each in the rows: docs/experiments.md.)
 
 Each sentence's output limit is its own (decode.output_limits), so its translation is the one
 `decode.greedy_search` gives it (tests/test_refill.py): the rows beside it change only the order
@@ -26,18 +28,21 @@ constraint (`Predictor.refills`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.decoding import top_k
 from transformer_jax.decoding.batch_shapes import Shapes
 from transformer_jax.model import kv_cache
 from transformer_jax.model.incremental import IncrementalDecoder
+
+_STATIC = {"empty": ("rows", "source", "columns")}  # the programs' static arguments
 
 
 class RefillCarry(NamedTuple):
@@ -46,10 +51,10 @@ class RefillCarry(NamedTuple):
   inputs: jax.Array  # [R, S] int32: each row's source, for the cross-attention mask
   sentence: Any  # the cross-attention cache, [R, ...] (kv_cache.py)
   beams: Any  # the self-attention cache, a ring of W columns with `row_start` [R]
-  token: jax.Array  # [R] int32: the token chosen last, the next step's input (PAD once finished)
+  token: jax.Array  # [R] int32: the next step's input: BOS, the last token, PAD once finished
   finished: jax.Array  # [R] bool: EOS chosen, the limit reached, or no sentence in the row
   out: jax.Array  # [R, W] int32: the tokens chosen, output index q at column (start + q) % W
-  start: jax.Array  # [R] int32: the step whose column holds the row's BOS
+  start: jax.Array  # [R] int32: the step that reads the row's BOS (its column holds BOS's keys)
   end: jax.Array  # [R] int32: the step at which the row reaches its output limit
   step: jax.Array  # int32 scalar: the next step (the ring's write index)
 
@@ -73,11 +78,27 @@ class RefillGreedy:
   def __post_init__(self):
     if self.chunk < 1 or self.rows < self.chunk or self.rows % self.chunk:
       raise ValueError(f"rows={self.rows} must be a multiple of chunk={self.chunk} >= 1")
-    self._refill = jax.jit(self._refill_impl, donate_argnames="carry")
-    self._run = jax.jit(self._run_impl, donate_argnames="carry")
-    self._keep = jax.jit(self._keep_impl)  # smaller: nothing to donate to
-    self._empty = jax.jit(self._empty_impl, static_argnames=("rows", "source", "columns"))
+    # name -> (the program, the carry's argument index to donate): jitted here, or exported
+    self._impls = {
+        "empty": (self._empty_impl, ()),
+        "refill": (self._refill_impl, (1,)),
+        "run": (self._run_impl, (1,)),
+        "keep": (self._keep_impl, ()),  # smaller: nothing to donate to
+    }
+    self._jitted = {
+        name: jax.jit(impl, donate_argnums=donate, static_argnames=_STATIC.get(name, ()))
+        for name, (impl, donate) in self._impls.items()
+    }
     self.signatures: set[tuple] = set()  # the programs called
+    self.saved = None  # saved_programs.SavedPrograms (with the Predictor's): run them exported
+
+  def _program(self, name: str, **static) -> Callable:
+    """The jitted program `name` bound to its static arguments, or its exported form
+    (saved_programs.py), whose carry is donated as the jitted one's."""
+    if self.saved is None:
+      return functools.partial(self._jitted[name], **static)
+    impl, donate = self._impls[name]
+    return self.saved.program(f"refill_{name}", impl, static, donate)
 
   # --------------------------------------------------------------------------- programs
 
@@ -92,30 +113,24 @@ class RefillGreedy:
     return RefillCarry(inputs, sentence, beams, zeros, finished, out, zeros, zeros, jnp.int32(0))
 
   def _refill_impl(self, params, carry: RefillCarry, chunk, where) -> RefillCarry:
-    """The sentences `chunk` [m, S'] (ids, EOS, PAD) take the rows `where` [m] at this step.
-    A row given twice must be given the same sentence (the filler of a short chunk)."""
+    """The sentences `chunk` [m, S'] (ids, EOS, PAD) take the rows `where` [m]: the next step
+    reads their BOS. A row given twice must be given the same sentence (the filler of a short
+    chunk)."""
     source, columns = carry.inputs.shape[1], carry.out.shape[1]
-    logits, bos, sentence = self.decoder.start(params, chunk, 1)  # [m, v]
-    token = top_k.argmax(logits)  # [m]: output index 0
+    sentence = kv_cache.pad_source(self.decoder.cross_cache(params, chunk), source)  # [m, .., S]
     # decode.output_limits: the source's tokens (EOS included) + extra, within W
     limit = jnp.minimum(jnp.sum(chunk != PAD_ID, axis=1, dtype=jnp.int32) + self.extra, columns)
-    start = carry.step - 1  # the BOS step's column, just behind the ring's write index
-    starts = carry.start.at[where].set(start)  # [R]: the carry's and the cache's `row_start`
-    column = start % columns
+    starts = carry.start.at[where].set(carry.step)  # [R]: the carry's and the cache's `row_start`
     wide = source - chunk.shape[1]
-    sentence = kv_cache.pad_source(sentence, source)  # [m, ..., S]
-    beams = kv_cache.put_column(carry.beams, where, column, bos)
-    beams = kv_cache.set_row_starts(beams, starts)
-    out = carry.out.at[where].set(PAD_ID).at[where, column].set(token)  # [R, W]
     return RefillCarry(
         inputs=carry.inputs.at[where].set(jnp.pad(chunk, ((0, 0), (0, wide)))),
         sentence=jax.tree.map(lambda old, new: old.at[where].set(new), carry.sentence, sentence),
-        beams=beams,
-        token=carry.token.at[where].set(token),
-        finished=carry.finished.at[where].set((token == EOS_ID) | (limit <= 1)),
-        out=out,
+        beams=kv_cache.set_row_starts(carry.beams, starts),
+        token=carry.token.at[where].set(BOS_ID),
+        finished=carry.finished.at[where].set(False),
+        out=carry.out.at[where].set(PAD_ID),
         start=starts,
-        end=carry.end.at[where].set(start + limit),
+        end=carry.end.at[where].set(carry.step + limit),
         step=carry.step,
     )
 
@@ -170,7 +185,8 @@ class RefillGreedy:
     source = bucket_lengths[bucket_of[order[0]]]
     columns = min(source + self.extra, max_len)  # W: the longest output limit
     rows = min(self.rows, -(-count // self.chunk) * self.chunk)
-    carry = self._empty(rows=rows, source=source, columns=columns)
+    self.signatures.add(("empty", rows, source, columns))
+    carry = self._program("empty", rows=rows, source=source, columns=columns)()
     owner = np.full(rows, -1)  # the sentence each row holds, -1: none (or read out)
     finished = np.ones(rows, bool)
     taken, steps, row_steps, chunks = 0, 0, 0, 0
@@ -194,14 +210,15 @@ class RefillGreedy:
         if size < held:
           keep = np.concatenate([active, np.flatnonzero(owner < 0)])[:size]
           self.signatures.add(("keep", held, size))
-          carry, owner, finished = self._keep(carry, keep), owner[keep], finished[keep]
+          carry = self._program("keep")(carry, keep.astype(np.int32))
+          owner, finished = owner[keep], finished[keep]
           held = size
         smaller = self.shapes.smaller(held, -(-held // self.shapes.shrink), 1)
         exit_at = held - smaller if smaller < held else held
       else:
         exit_at = min(held, self.chunk)  # rows left over by the last refill count
       self.signatures.add(("run", held, source, columns))
-      carry, outputs = self._run(params, carry, np.int32(exit_at))
+      carry, outputs = self._program("run")(params, carry, np.int32(exit_at))
       finished, out, start, step = jax.device_get(outputs)
       finished = np.array(finished)  # writable
       row_steps += held * (int(step) - steps)
@@ -227,7 +244,7 @@ class RefillGreedy:
     chunk[len(ids) :] = chunk[len(ids) - 1]
     padded = np.concatenate([where, np.full(self.chunk - len(where), where[-1])]).astype(np.int32)
     self.signatures.add(("refill", len(carry.out), carry.inputs.shape[1], length))
-    return self._refill(params, carry, chunk, padded)
+    return self._program("refill")(params, carry, chunk, padded)
 
   def programs(self) -> int:
     """The distinct programs called."""

@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from transformer_jax import files
-from transformer_jax.decoding import decode
+from transformer_jax.decoding import decode, refill
 
 SUBDIR = "transformer_jax_programs"  # inside the compilation cache directory
 SUFFIX = ".jaxexport"
@@ -49,9 +49,9 @@ FORMAT = b"transformer_jax saved program v2 sha256="  # header: FORMAT, 64 hex d
 PACKAGES = ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")
 
 # The search's NamedTuples cross the exported programs' boundary: their trees must serialize.
-for _cls in (decode.SearchCarry, decode.GreedyState, decode.BeamState):
+for _cls in (decode.SearchCarry, decode.GreedyState, decode.BeamState, refill.RefillCarry):
   jax.export.register_namedtuple_serialization(
-      _cls, serialized_name=f"transformer_jax.decoding.decode.{_cls.__name__}"
+      _cls, serialized_name=f"{_cls.__module__}.{_cls.__name__}"
   )
 
 
@@ -90,11 +90,14 @@ class SavedPrograms:
     self.exported = self.loaded = 0  # files written / read by this process
     self._programs: dict[str, Callable] = {}
 
-  def program(self, name: str, fn: Callable, static: dict) -> Callable:
-    """`fn` bound to `static` as a callable (*args) -> outputs, run as an exported program."""
-    return functools.partial(self._call, name, fn, static)
+  def program(
+      self, name: str, fn: Callable, static: dict, donate: tuple[int, ...] = ()
+  ) -> Callable:
+    """`fn` bound to `static` as a callable (*args) -> outputs, run as an exported program; the
+    arguments `donate` (indices) are donated to it, as to a jitted one."""
+    return functools.partial(self._call, name, fn, static, donate)
 
-  def _call(self, name: str, fn: Callable, static: dict, *args):
+  def _call(self, name: str, fn: Callable, static: dict, donate: tuple[int, ...], *args):
     key = f"{name} {sorted(static.items())} {arguments_key(args)}"
     program = self._programs.get(key)
     if program is not None:
@@ -104,16 +107,19 @@ class SavedPrograms:
     traced = functools.partial(fn, **static)
     exported = self._load(digest)
     if exported is not None:
-      program = jax.jit(exported.call)
       try:  # a file that passed its checks can still hold a program XLA cannot read or run
+        # Compiled before the call: the arguments it would take (donate) are not yet taken.
+        program = jax.jit(exported.call, donate_argnums=donate).lower(*args).compile()
         outputs = jax.block_until_ready(program(*args))  # its errors here, not later
       except Exception as e:  # noqa: BLE001 - any failure of a loaded program: exported again
         self.loaded -= 1
         self._set_aside(digest, f"its program failed when first called: {_first_line(e)}")
+        if any(x.is_deleted() for x in jax.tree.leaves(args) if isinstance(x, jax.Array)):
+          raise  # it failed running, after it took its donated arguments: nothing to retry
       else:
         self._programs[key] = program
         return outputs
-    program = jax.jit(self._export(digest, traced, args).call)
+    program = jax.jit(self._export(digest, traced, args).call, donate_argnums=donate)
     self._programs[key] = program
     return program(*args)
 
@@ -239,4 +245,6 @@ def attach(predictor: decode.Predictor, cache_dir: str | None) -> SavedPrograms 
   if not cache_dir or identity is None or "://" in cache_dir:  # a bucket: JAX's cache alone
     return None
   predictor.saved = SavedPrograms(os.path.join(cache_dir, SUBDIR), identity)
+  if predictor.refiller is not None:  # its programs are keyed by their names and arguments
+    predictor.refiller.saved = predictor.saved
   return predictor.saved

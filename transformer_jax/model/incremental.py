@@ -84,6 +84,17 @@ class IncrementalDecoder:
     beams, sentence = kv_cache.split(cache)
     return _no_pad_or_bos(log_probs), beams, sentence
 
+  def cross_cache(self, params, inputs: jax.Array):
+    """The cross-attention cache of `inputs` [b, s] (per sentence; pass it to `step_fn`), for a
+    search that runs the BOS step itself (decoding/refill.py). The cache is filled by the first
+    decoder call (kv_cache.CrossAttentionCache), so that call is traced here; under jit, XLA
+    drops the rest of it (the step's logits and self-attention keys), whose results are unused.
+    """
+    encoded = self.encode(params, inputs)  # [b, s, e]
+    bos = jnp.full((inputs.shape[0],), BOS_ID, jnp.int32)
+    _, cache = self.step(params, self.init_cache(inputs, 1), encoded, inputs, bos, 0)
+    return kv_cache.split(cache)[1]
+
   def step_fn(self, params, inputs: jax.Array, sentence) -> Callable:
     """step_fn(tokens [r], cache, position, slots) -> (log_probs [r, v], cache) over the
     self-attention cache; it holds the cross-attention cache `sentence`, never carried."""

@@ -25,7 +25,7 @@ has finished takes a new one without the cache moving or the other rows noticing
 
 The functions at the end act on a whole model's cache (the "cache" collection): split off the
 per-sentence cross-attention part, add beam slots, grow the length between blocks of steps, and
-(refill.py) give rows their starts, a new sentence's first column and its padded source.
+(refill.py) give rows their starts and a new sentence's padded source.
 """
 
 from __future__ import annotations
@@ -140,17 +140,6 @@ def set_row_starts(cache: dict, row_start: jax.Array) -> dict:
   flat = traverse_util.flatten_dict(cache)
   for key in [k for k in flat if k[-1] == "cache_index"]:
     flat[key[:-1] + ("row_start",)] = row_start
-  return traverse_util.unflatten_dict(flat)
-
-
-def put_column(cache: dict, rows: jax.Array, column: jax.Array, first: dict) -> dict:
-  """The self-attention cache (one slot) with column `column` of the rows `rows` [m] replaced
-  by `first`'s only column (a cache of m rows and one position: `IncrementalDecoder.start`'s)."""
-  flat, new = traverse_util.flatten_dict(cache), traverse_util.flatten_dict(first)
-  for key, axis in ((k, COLUMN_AXIS.get(k[-1])) for k in list(flat)):
-    if axis is not None:  # index (rows, :, ..., column): the result's axes are [m, ...]
-      index = (rows,) + (slice(None),) * (axis - 1) + (column,)
-      flat[key] = flat[key].at[index].set(jnp.take(new[key], 0, axis=axis))
   return traverse_util.unflatten_dict(flat)
 
 
