@@ -3,6 +3,7 @@
   python benchmarks/decode.py --workdir DIR [--input FILE] [--beam_size 4] [--repeats 3]
       [--batch_tokens 2048] [--shapes fast] [--block 16] [--num_buckets 8]
       [--engines jax,ctranslate2] [--threads N] [--beam_stops proven,k_finished]
+      [--matmul_dtypes bfloat16]
 
 Default input: the run's test split (e.g. Multi30k test2016 for configs/multi30k.py). The run is
 loaded once (parameters only, inference.py) with the search's `--shapes` (default `fast`, the
@@ -15,7 +16,9 @@ batch). The beam is timed once per `--beam_stops` rule (eval.beam_stop; "beam4" 
 "beam4_k_finished" stops once k hypotheses finished, as CTranslate2 does), with how many of its
 translations are identical to the proven beam's; where greedy search refills its rows
 (eval.refill, decoding/refill.py), "greedy_batches" times it in batches, with how many of its
-translations are identical to "greedy"'s; beside them the device, the batch size in
+translations are identical to "greedy"'s; with `--matmul_dtypes bfloat16` (eval.matmul_dtype),
+"greedy_bfloat16" and "beam4_bfloat16", with how many of their translations are identical to
+"greedy"'s and "beam4"'s; beside them the device, the batch size in
 tokens, the programs compiled and the peak memory (host RSS, and the device's peak where it
 reports one).
 
@@ -106,6 +109,13 @@ _COMPARE_BATCHES = flags.DEFINE_bool(
     "Where greedy search refills its rows (eval.refill, one CPU device), also time it in "
     "batches (mode greedy_batches, eval.refill=False) in the same run.",
 )
+_MATMUL_DTYPES = flags.DEFINE_list(
+    "matmul_dtypes",
+    [],
+    "Also time greedy and the beam with the layers' matmuls in each of these dtypes "
+    "(eval.matmul_dtype, e.g. bfloat16): modes greedy_DTYPE and beamK_DTYPE, with how many "
+    "translations are identical to greedy's and the beam's.",
+)
 ENGINES = ("jax", "ctranslate2")
 
 
@@ -117,6 +127,9 @@ def main(argv):
   for stop in _BEAM_STOPS.value:
     if stop not in batch_shapes.STOPS:
       raise app.UsageError(f"--beam_stops: {stop!r} is not one of {batch_shapes.STOPS}")
+  for dtype in _MATMUL_DTYPES.value:
+    if dtype not in ("float32", "bfloat16"):
+      raise app.UsageError(f"--matmul_dtypes: {dtype!r} is not float32 or bfloat16")
   engines, ct2_device = _check_engines()
   import jax
 
@@ -159,6 +172,9 @@ def main(argv):
     variants["greedy_batches"] = {"eval.refill": False}
   for stop in _BEAM_STOPS.value:
     variants[_mode(beam, stop)] = {} if stop == "proven" else {"eval.beam_stop": stop}
+  for dtype in _MATMUL_DTYPES.value:
+    for mode in ("greedy", beam):
+      variants[f"{mode}_{dtype}"] = {"eval.matmul_dtype": dtype}
   translations = {}  # mode -> the project's translations, to compare CTranslate2's with
   predictors = []  # each variant's search: its programs are its own
   for name, overrides in variants.items() if "jax" in engines else ():

@@ -479,7 +479,7 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
   args = [
       f"--workdir={workdir}", f"--input={sources}", "--engines=jax,ctranslate2",
       "--quantizations=float32,int8", "--repeats=1", "--beam_size=2", "--batch_tokens=256",
-      "--threads=1", "--beam_stops=proven,k_finished",
+      "--threads=1", "--beam_stops=proven,k_finished", "--matmul_dtypes=bfloat16",
   ]  # fmt: skip
   one_device = os.environ["XLA_FLAGS"].replace("--xla_force_host_platform_device_count=8", "")
   done = subprocess.run(
@@ -507,6 +507,12 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
   assert stopped["steps"] <= result["beam2"]["steps"]  # it stops no later
   assert 0 <= ct2["float32"]["beam2"]["identical_to_jax_k_finished"] <= 24
   assert result["beam2_k_finished_over_greedy_time"] > 0
+  # The layers' matmuls in bfloat16 (eval.matmul_dtype): each mode against its float32 twin.
+  for mode, twin in (
+      ("greedy_bfloat16", "identical_to_greedy"),
+      ("beam2_bfloat16", "identical_to_proven"),
+  ):
+    assert result[mode]["sentences"] == 24 and 0 <= result[mode][twin] <= 24
   failed = subprocess.run(
       [sys.executable, "benchmarks/decode.py", f"--workdir={workdir}", "--engines=jax,onnx"],
       cwd=REPO, capture_output=True, text=True, timeout=300,

@@ -12,6 +12,7 @@ import pytest
 from testing import random_params
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.model import config as model_config
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Embed, Transformer
 
@@ -312,6 +313,38 @@ def test_bfloat16_compute_with_float32_params(post_params):
   # bf16 keeps ~3 significant digits; through 4 layers the logits (std ~1) move by a few 1e-2.
   np.testing.assert_allclose(logits, reference, atol=0.15)
   assert not np.array_equal(logits, reference)  # really computed in bf16
+
+
+def test_bfloat16_matmuls_round_their_inputs_and_sum_in_float32(post_params):
+  """`matmul_dtype` bfloat16 (a decoding deviation): each layer matmul is the float32 matmul of
+  its inputs rounded to bf16 (a product of two bf16 numbers is exact in float32, so only the
+  order of the sums may differ), with float32 outputs; everything else stays float32."""
+  config = CONFIG.replace(matmul_dtype="bfloat16")
+  assert config.matmul_dtype == jnp.bfloat16 and config.dtype == jnp.float32
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2, 3, 32)).astype(np.float32)
+  w = rng.normal(size=(32, 4, 8)).astype(np.float32)
+  rounded = lambda a: np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32))  # noqa: E731
+  expected = np.einsum("bqe,ehd->bqhd", rounded(x), rounded(w))
+  got = model_config.einsum(config, "bqe,ehd->bqhd", x, w)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  assert np.abs(got - np.einsum("bqe,ehd->bqhd", x, w)).max() > 1e-3  # really rounded
+  dense = nn.Dense(8, dot_general=model_config.dot_general(config))
+  kernel = rng.normal(size=(32, 8)).astype(np.float32)
+  out = dense.apply({"params": {"kernel": kernel, "bias": np.zeros(8, np.float32)}}, x)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, rounded(x) @ rounded(kernel), rtol=1e-5, atol=1e-5)
+  assert model_config.dot_general(CONFIG) is None  # the default: flax's own
+  inputs, decoder_inputs = example()
+  logits = logits_of(config, post_params, inputs, decoder_inputs)
+  reference = logits_of(CONFIG, post_params, inputs, decoder_inputs)
+  assert logits.dtype == jnp.float32
+  np.testing.assert_allclose(logits, reference, atol=0.1)
+  assert not np.array_equal(logits, reference)
+  # float32 matmuls asked for by name are the default's, to the bit.
+  same = logits_of(CONFIG.replace(matmul_dtype="float32"), post_params, inputs, decoder_inputs)
+  np.testing.assert_array_equal(same, reference)
 
 
 @pytest.mark.parametrize(

@@ -131,3 +131,16 @@ def test_the_eval_config_turns_refilling_on_and_off():
 
 def _any(log_probs, prefixes, limit, inputs):
   return log_probs
+
+
+def test_the_eval_config_sets_the_searchs_matmul_dtype():
+  """`eval.matmul_dtype` (a deviation for speed, off by default) reaches the search's model; a
+  dtype it cannot be is refused, naming the key."""
+  config = config_lib.default_config()
+  assert config.eval.matmul_dtype == ""
+  assert inference.eval_predictor(config, CONFIG, None).config.matmul_dtype is None
+  config.eval.matmul_dtype = "bfloat16"
+  assert inference.eval_predictor(config, CONFIG, None).config.matmul_dtype == jax.numpy.bfloat16
+  config.eval.matmul_dtype = "float16"
+  with pytest.raises(config_lib.ConfigError, match=r"eval\.matmul_dtype='float16'"):
+    config_lib.validate(config)

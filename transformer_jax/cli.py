@@ -162,6 +162,27 @@ def beam_stop_overrides(beam_stop: str | None) -> dict:
   return {} if beam_stop is None else {"eval.beam_stop": beam_stop}
 
 
+def define_matmul_dtype_flag():
+  """translate's --matmul_dtype flag: the run's eval.matmul_dtype."""
+  flags.DEFINE_enum(
+      "matmul_dtype",
+      None,
+      ["float32", "bfloat16"],
+      "The layers' matmuls when decoding (default: the run's eval.matmul_dtype, the model's dtype "
+      "unless set): bfloat16 rounds their inputs to bf16 and sums in float32, faster on CPUs with "
+      "bf16 dot products; some outputs change (docs/translation.md).",
+      module_name=sys.argv[0],
+  )
+
+
+def decoding_overrides(beam_stop: str | None, matmul_dtype: str | None) -> dict:
+  """The eval settings translate's flags give ({} for flags not given)."""
+  overrides = beam_stop_overrides(beam_stop)
+  if matmul_dtype is not None:
+    overrides["eval.matmul_dtype"] = matmul_dtype
+  return overrides
+
+
 def define_shapes_flag():
   """The decoding commands' --shapes flag (translate, parse): the run's eval.shapes overridden."""
   flags.DEFINE_enum(

@@ -89,6 +89,7 @@ def _define_flags():
   cli.define_batch_tokens_flag()
   cli.define_shapes_flag()
   cli.define_beam_stop_flag()
+  cli.define_matmul_dtype_flag()
   cli.define_compilation_cache_flag()
 
 
@@ -112,12 +113,14 @@ def main(argv):
   cache = compilation.enable_cache(args.compilation_cache)
   run = inference.load_run(
       args.workdir, args.checkpoint, args.beam_size, args.alpha, shapes=args.shapes,
-      overrides=cli.beam_stop_overrides(args.beam_stop),
+      overrides=cli.decoding_overrides(args.beam_stop, args.matmul_dtype),
   )  # fmt: skip
   saved = saved_programs.attach(run.predictor, cache)  # a later call traces nothing
   search = "greedy" if run.beam_size == 1 else f"beam {run.beam_size}"
   if run.beam_size > 1 and run.config.eval.beam_stop != "proven":
     search += f", stop {run.config.eval.beam_stop}"
+  if run.config.eval.get("matmul_dtype"):
+    search += f", matmuls in {run.config.eval.matmul_dtype}"
   logging.info(
       "translating with %s (%s, α %g); compilation cache: %s", run.checkpoint, search, run.alpha,
       cache or "off",

@@ -30,6 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.model import config as config_lib
 from transformer_jax.model.config import ATTENTION_IMPLS, TransformerConfig
 from transformer_jax.model.kv_cache import CrossAttentionCache, SelfAttentionCache
 from transformer_jax.parallel import sharding
@@ -370,7 +371,7 @@ class MultiHeadAttention(nn.Module):
     axes = (sharding.EMBED, sharding.HEADS, sharding.KV)
     shape = (cfg.d_model, cfg.num_heads, head_dim)
     kernel = self._kernel(name, shape, axes, 0, (1, 2))
-    return jnp.einsum("bqe,ehd->bqhd", x.astype(cfg.dtype), kernel)
+    return config_lib.einsum(cfg, "bqe,ehd->bqhd", x.astype(cfg.dtype), kernel)
 
   def _kernel(self, name, shape, axes, in_axis, out_axis) -> jax.Array:
     cfg = self.config
@@ -388,4 +389,4 @@ class MultiHeadAttention(nn.Module):
         (0, 1),
         2,
     )  # W^O [h, d_v, e]
-    return jnp.einsum("bqhd,hde->bqe", out, w_out)  # [b, q, e]
+    return config_lib.einsum(cfg, "bqhd,hde->bqe", out, w_out)  # [b, q, e]

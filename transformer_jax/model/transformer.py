@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.model import config as config_lib
 from transformer_jax.model.attention import (
     AttentionMask,
     MultiHeadAttention,
@@ -116,6 +117,7 @@ class FeedForward(nn.Module):
         cfg.d_ff,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
+        dot_general=config_lib.dot_general(cfg),
         kernel_init=nn.with_logical_partitioning(
             default_kernel_init, (sharding.EMBED, sharding.MLP)
         ),
@@ -130,6 +132,7 @@ class FeedForward(nn.Module):
         cfg.d_model,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
+        dot_general=config_lib.dot_general(cfg),
         kernel_init=nn.with_logical_partitioning(
             default_kernel_init, (sharding.MLP, sharding.EMBED)
         ),
@@ -241,7 +244,10 @@ class Embed(nn.Module):
 
   def attend(self, x: jax.Array) -> jax.Array:
     """x [b, t, e] -> logits [b, t, v] in float32 (accumulated in float32 even for bf16 x)."""
-    return _output_projection(x, self.embedding.astype(self.config.dtype))
+    cfg = self.config
+    if cfg.matmul_dtype is not None:  # model/config.py; the products are summed in float32
+      x = x.astype(cfg.matmul_dtype)
+    return _output_projection(x, self.embedding.astype(cfg.matmul_dtype or cfg.dtype))
 
 
 @jax.custom_vjp
@@ -490,6 +496,7 @@ class Transformer(nn.Module):
           use_bias=False,
           dtype=cfg.dtype,
           param_dtype=cfg.param_dtype,
+          dot_general=config_lib.dot_general(cfg),
           kernel_init=nn.with_logical_partitioning(
               default_kernel_init, (sharding.EMBED, sharding.VOCAB)
           ),

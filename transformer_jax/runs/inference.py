@@ -422,6 +422,8 @@ def run_predictor(config, task, model: nn.Module, tokenizer: Tokenizer) -> Any:
 def eval_predictor(config, model_config: TransformerConfig, constraint: Any) -> decode.Predictor:
   """The search of a run's eval settings (output limit, beam, α, shapes) with `constraint` (the
   task's, tasks/base.py; None for none): the final evaluation's and the commands'."""
+  if config.eval.get("matmul_dtype"):  # a deviation for speed (config.py)
+    model_config = model_config.replace(matmul_dtype=config.eval.matmul_dtype)
   return decode.Predictor(
       model_config,
       config.eval.max_decode_extra,
