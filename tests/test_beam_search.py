@@ -670,24 +670,43 @@ def top_of_chunks(candidates, count, chunk):
   return top_k.top_of_chunks(candidates, top_k.chunk_maxima(candidates, chunk), count, chunk)
 
 
-def test_argmax_is_jnp_argmax_ties_infinities_and_nans_included():
+@pytest.mark.parametrize("vocab", [50, 128])  # no chunk divides 50; 128: chunks of 64
+def test_argmax_is_jnp_argmax_ties_infinities_and_nans_included(vocab):
+  assert top_k.argmax_chunk(vocab) == (0 if vocab == 50 else 64)
   rng = np.random.default_rng(3)
-  x = rng.integers(-3, 3, (12, 50)).astype(np.float32)  # many tied maxima per row
+  x = rng.integers(-3, 3, (14, vocab)).astype(np.float32)  # many tied maxima per row
   x[1] = -np.inf  # every token masked: token 0, as jnp.argmax
   x[2, 7] = np.inf
-  x[3, 40] = np.nan  # after the row's first maximum: still the NaN
-  x[4, [2, 30]] = np.nan  # the first NaN
-  x[5] = np.nan
   x[6, :] = -0.0
   x[6, 9] = 0.0  # -0.0 == +0.0: the first of them, as argmax
-  x[7] = rng.normal(size=50)  # distinct values
-  x = np.concatenate([x, rng.normal(size=(12, 50)).astype(np.float32)])
+  x[7] = rng.normal(size=vocab)  # distinct values
+  x[8] = -np.inf
+  x[8, [vocab - 3, vocab - 1]] = 5.0  # the maximum in the last chunk only, tied there
+  x[9, [3, vocab - 2]] = 9.0  # tied across the first and the last chunk: the first
+  x = np.concatenate([x, rng.normal(size=(12, vocab)).astype(np.float32)])
   want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
   got = np.asarray(jax.jit(top_k.argmax)(jnp.asarray(x)))
   assert got.dtype == np.int32
   np.testing.assert_array_equal(got, want)
-  big = rng.normal(size=(3, 5, 8000)).astype(np.float32)  # [..., v] with leading axes
+  # NaN: the row's first NaN, as jnp.argmax (a batch holding one takes jnp.argmax itself).
+  x[3, 40] = np.nan  # after the row's first maximum: still the NaN
+  x[4, [2, 30]] = np.nan  # the first NaN
+  x[5] = np.nan
+  want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
+  np.testing.assert_array_equal(jax.jit(top_k.argmax)(jnp.asarray(x)), want)
+  both = np.stack([x[[1, 2]], x[[0, 7]]])  # +inf beside -inf: a NaN sum, but no NaN in it
+  np.testing.assert_array_equal(top_k.argmax(jnp.asarray(both)), np.argmax(both, axis=-1))
+
+
+def test_argmax_of_a_large_vocabulary_with_leading_axes():
+  rng = np.random.default_rng(4)
+  big = rng.normal(size=(3, 5, 8000)).astype(np.float32)  # chunks of 64
+  big[1, 2, 7999] = 9.0  # the last token
+  big[2, 0, [100, 6000]] = 9.0  # a tie across chunks: the first
   np.testing.assert_array_equal(top_k.argmax(jnp.asarray(big)), np.argmax(big, axis=-1))
+  odd = rng.normal(size=(4, 8001)).astype(np.float32)  # no chunk divides 8001
+  assert top_k.argmax_chunk(8001) == 0
+  np.testing.assert_array_equal(top_k.argmax(jnp.asarray(odd)), np.argmax(odd, axis=-1))
 
 
 def test_top_extensions_takes_the_chunked_path_where_it_pays():
