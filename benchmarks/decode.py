@@ -17,8 +17,8 @@ batch). The beam is timed once per `--beam_stops` rule (eval.beam_stop; "beam4" 
 translations are identical to the proven beam's; where greedy search refills its rows
 (eval.refill, decoding/refill.py), "greedy_batches" times it in batches, with how many of its
 translations are identical to "greedy"'s; with `--matmul_dtypes bfloat16` (eval.matmul_dtype),
-"greedy_bfloat16" and "beam4_bfloat16", with how many of their translations are identical to
-"greedy"'s and "beam4"'s; beside them the device, the batch size in
+"greedy_bfloat16" and "beam4_bfloat16" (and "beam4_k_finished_bfloat16" with that rule), with how
+many of their translations are identical to "greedy"'s and "beam4"'s; beside them the device, the batch size in
 tokens, the programs compiled and the peak memory (host RSS, and the device's peak where it
 reports one).
 
@@ -113,8 +113,9 @@ _MATMUL_DTYPES = flags.DEFINE_list(
     "matmul_dtypes",
     [],
     "Also time greedy and the beam with the layers' matmuls in each of these dtypes "
-    "(eval.matmul_dtype, e.g. bfloat16): modes greedy_DTYPE and beamK_DTYPE, with how many "
-    "translations are identical to greedy's and the beam's.",
+    "(eval.matmul_dtype, e.g. bfloat16): modes greedy_DTYPE and beamK_DTYPE (beamK_STOP_DTYPE "
+    "for each other --beam_stops rule), with how many translations are identical to greedy's "
+    "and the proven beam's.",
 )
 ENGINES = ("jax", "ctranslate2")
 
@@ -172,9 +173,11 @@ def main(argv):
     variants["greedy_batches"] = {"eval.refill": False}
   for stop in _BEAM_STOPS.value:
     variants[_mode(beam, stop)] = {} if stop == "proven" else {"eval.beam_stop": stop}
-  for dtype in _MATMUL_DTYPES.value:
-    for mode in ("greedy", beam):
-      variants[f"{mode}_{dtype}"] = {"eval.matmul_dtype": dtype}
+  for dtype in _MATMUL_DTYPES.value:  # greedy and the beam under each stop rule, in `dtype`
+    variants[f"greedy_{dtype}"] = {"eval.matmul_dtype": dtype}
+    for stop in _BEAM_STOPS.value:
+      mode = _mode(beam, stop)
+      variants[f"{mode}_{dtype}"] = {**variants[mode], "eval.matmul_dtype": dtype}
   translations = {}  # mode -> the project's translations, to compare CTranslate2's with
   predictors = []  # each variant's search: its programs are its own
   for name, overrides in variants.items() if "jax" in engines else ():

@@ -511,8 +511,10 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
   for mode, twin in (
       ("greedy_bfloat16", "identical_to_greedy"),
       ("beam2_bfloat16", "identical_to_proven"),
+      ("beam2_k_finished_bfloat16", "identical_to_proven"),  # both deviations at once
   ):
     assert result[mode]["sentences"] == 24 and 0 <= result[mode][twin] <= 24
+  assert result["beam2_k_finished_bfloat16"]["steps"] <= result["beam2_bfloat16"]["steps"]
   failed = subprocess.run(
       [sys.executable, "benchmarks/decode.py", f"--workdir={workdir}", "--engines=jax,onnx"],
       cwd=REPO, capture_output=True, text=True, timeout=300,
