@@ -18,9 +18,9 @@ translations are identical to the proven beam's; where greedy search refills its
 (eval.refill, decoding/refill.py), "greedy_batches" times it in batches, with how many of its
 translations are identical to "greedy"'s; with `--matmul_dtypes bfloat16` (eval.matmul_dtype),
 "greedy_bfloat16" and "beam4_bfloat16" (and "beam4_k_finished_bfloat16" with that rule), with how
-many of their translations are identical to "greedy"'s and "beam4"'s; beside them the device, the batch size in
-tokens, the programs compiled and the peak memory (host RSS, and the device's peak where it
-reports one).
+many of their translations are identical to "greedy"'s and "beam4"'s; beside them the device,
+the batch size in tokens, the programs compiled and the peak memory (host RSS, and the device's
+peak where it reports one).
 
 `--engines jax,ctranslate2` also exports the same parameters to CTranslate2
 (transformer_jax/serving/ctranslate2_model.py) once per `--quantizations` type and times its

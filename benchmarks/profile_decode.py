@@ -46,7 +46,7 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from benchmarks import machine  # noqa: E402
+from benchmarks import flops, machine  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A translation run's --workdir.", required=True)
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line (default: test split).")
@@ -119,16 +119,6 @@ def part_of(op_name: str) -> str:
   return "other"
 
 
-def step_flops_per_row(cfg) -> int:
-  """Matmul FLOPs of one decoder step for one row: per layer the self-attention's four
-  projections, the cross-attention's query and output projections (its keys and values are
-  projected once per sentence), the FFN; then the output projection."""
-  e, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-  k, vd = cfg.num_heads * cfg.head_key_dim, cfg.num_heads * cfg.head_value_dim
-  layer = 2 * e * k + e * vd + vd * e + e * k + vd * e + 2 * e * f
-  return 2 * (cfg.decoder_layers * layer + e * v)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -173,7 +163,7 @@ def main(argv):
     if key in ops:
       seconds[part_of(ops[key])] += event["dur"] / 1e6
   total = sum(seconds.values())
-  flops_row = step_flops_per_row(run.model_config)
+  flops_row = flops.step_flops_per_row(run.model_config)
   print(
       json.dumps(
           {

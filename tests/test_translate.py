@@ -16,7 +16,8 @@ import pytest
 
 from transformer_jax import average, tune_decoding
 from transformer_jax import config as config_lib
-from transformer_jax.decoding import batch_shapes, saved_programs
+from transformer_jax.data.tokenizer import EOS_ID
+from transformer_jax.decoding import batch_shapes, decode, saved_programs
 from transformer_jax.runs import checkpoint, inference
 from transformer_jax.tasks import bleu
 from transformer_jax.training import train
@@ -467,6 +468,41 @@ def test_decode_profile_names_where_a_step_spends_its_time(trained_run):
     assert shares.get(part, 0) > 0, shares  # the reader found each (an empty map cannot pass)
   assert shares.get("other", 0) < 0.2, shares  # nearly every operation is named
   assert result["step_flops_per_row"] > 0
+
+
+@pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
+def test_beam_work_counts_each_sentences_steps_to_its_stop(trained_run, tmp_path):
+  """benchmarks/beam_work.py: the steps each rule searches a sentence for are the reference beam
+  search's on that sentence alone (`decode.beam_search`), and the bound's FLOPs follow them."""
+  workdir, _ = trained_run
+  run = inference.load_run(workdir)
+  lines = ["a b c d", "e f g h i j k", "b c", "l m n o p q r s t", "c d e"]
+  sources = tmp_path / "sources.txt"
+  sources.write_text("".join(line + "\n" for line in lines))
+  result = _benchmark("beam_work.py", workdir, f"--input={sources}")
+  assert result["sentences"] == len(lines) and result["beam_size"] == 2
+  assert result["gemm_gflops_per_s"] > 0
+  want = dict.fromkeys(batch_shapes.STOPS, 0)
+  for ids in run.encode_lines(lines):
+    inputs = np.array([ids + [EOS_ID]], np.int32)
+    n = min(inputs.shape[1] + run.predictor.max_decode_extra, run.model_config.max_len)
+    for stop in batch_shapes.STOPS:
+      *_, steps = decode.beam_search(
+          run.predictor.decoder, run.params, inputs, n, 2, run.alpha, best_only=True, stop=stop
+      )
+      want[stop] += int(steps) - 1  # the steps after the first (BOS) step
+  assert want["proven"] > 0
+  for stop in batch_shapes.STOPS:
+    r = result[stop]
+    assert r["sentence_steps"] == want[stop], (stop, r, want)
+    assert r["hypothesis_steps"] == 2 * r["sentence_steps"]
+    bound = r["matmul_gflop"] / result["gemm_gflops_per_s"]
+    assert r["matmul_bound_s"] == pytest.approx(bound, rel=0.01)
+  proven, stopped = result["proven"], result["k_finished"]
+  assert stopped["sentence_steps"] <= proven["sentence_steps"]
+  assert stopped["matmul_gflop"] <= proven["matmul_gflop"]
+  # A sentence not done has at least its best alive hypothesis able to win.
+  assert proven["sentence_steps"] <= proven["live_hypothesis_steps"] <= proven["hypothesis_steps"]
 
 
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
