@@ -31,7 +31,7 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from benchmarks import flops, machine  # noqa: E402
+from benchmarks import flops, machine, sentences  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A translation run's --workdir.", required=True)
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line (default: test split).")
@@ -75,14 +75,7 @@ def main(argv):
   from transformer_jax.runs import inference
 
   run = inference.load_run(_WORKDIR.value, shapes="fast")
-  if _INPUT.value:
-    lines = pathlib.Path(_INPUT.value).read_text(encoding="utf-8").splitlines()
-  else:
-    dataset = pipeline.load_dataset(run.config, _WORKDIR.value, splits=("test",), task=run.task)
-    lines = [src for src, _ in dataset.splits["test"].pairs]
-  sources = [ids for ids in run.encode_lines(lines) if ids is not None]
-  if _LIMIT.value:
-    sources = sources[: _LIMIT.value]
+  sources = sentences.source_ids(run, _WORKDIR.value, _INPUT.value, _LIMIT.value)
   k, alpha = _BEAM.value, jnp.float32(run.alpha)
   decoder, extra = run.predictor.decoder, run.predictor.max_decode_extra
   rules = {stop: decode.Beam(k, best_only=True, stop=stop) for stop in batch_shapes.STOPS}

@@ -47,7 +47,7 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from benchmarks import machine  # noqa: E402
+from benchmarks import machine, sentences  # noqa: E402
 from transformer_jax import cli
 from transformer_jax.decoding import batch_shapes
 
@@ -143,12 +143,7 @@ def main(argv):
   if _BLOCK.value is not None:
     shapes = batch_shapes.SHAPES[_SHAPES.value]
     run.predictor.shapes = dataclasses.replace(shapes, block=_BLOCK.value or None)
-  if _INPUT.value:
-    lines = pathlib.Path(_INPUT.value).read_text(encoding="utf-8").splitlines()
-  else:
-    dataset = pipeline.load_dataset(run.config, _WORKDIR.value)  # reuses the run's vocabulary
-    lines = [src for src, _ in dataset.splits["test"].pairs]
-  sources = [ids for ids in run.encode_lines(lines) if ids is not None]
+  sources = sentences.source_ids(run, _WORKDIR.value, _INPUT.value)
   batch_tokens = _BATCH_TOKENS.value or inference.DEFAULT_BATCH_TOKENS
   device = jax.devices()[0]
   result = {
