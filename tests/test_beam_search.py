@@ -670,8 +670,10 @@ def top_of_chunks(candidates, count, chunk):
   return top_k.top_of_chunks(candidates, top_k.chunk_maxima(candidates, chunk), count, chunk)
 
 
+@pytest.mark.parametrize("branch", [True, False])  # NaN by a lax.cond (the CPU's) or row by row
 @pytest.mark.parametrize("vocab", [50, 128])  # no chunk divides 50; 128: chunks of 64
-def test_argmax_is_jnp_argmax_ties_infinities_and_nans_included(vocab):
+def test_argmax_is_jnp_argmax_ties_infinities_and_nans_included(vocab, branch):
+  argmax = jax.jit(functools.partial(top_k.argmax, branch=branch))
   assert top_k.argmax_chunk(vocab) == (0 if vocab == 50 else 64)
   rng = np.random.default_rng(3)
   x = rng.integers(-3, 3, (14, vocab)).astype(np.float32)  # many tied maxima per row
@@ -685,28 +687,32 @@ def test_argmax_is_jnp_argmax_ties_infinities_and_nans_included(vocab):
   x[9, [3, vocab - 2]] = 9.0  # tied across the first and the last chunk: the first
   x = np.concatenate([x, rng.normal(size=(12, vocab)).astype(np.float32)])
   want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
-  got = np.asarray(jax.jit(top_k.argmax)(jnp.asarray(x)))
+  got = np.asarray(argmax(jnp.asarray(x)))
   assert got.dtype == np.int32
   np.testing.assert_array_equal(got, want)
-  # NaN: the row's first NaN, as jnp.argmax (a batch holding one takes jnp.argmax itself).
+  # NaN: the row's first NaN, as jnp.argmax; the other rows of the batch as before.
   x[3, 40] = np.nan  # after the row's first maximum: still the NaN
   x[4, [2, 30]] = np.nan  # the first NaN
   x[5] = np.nan
+  x[10, vocab - 5] = np.nan  # in the last chunk, after the row's maxima
   want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
-  np.testing.assert_array_equal(jax.jit(top_k.argmax)(jnp.asarray(x)), want)
-  both = np.stack([x[[1, 2]], x[[0, 7]]])  # +inf beside -inf: a NaN sum, but no NaN in it
-  np.testing.assert_array_equal(top_k.argmax(jnp.asarray(both)), np.argmax(both, axis=-1))
+  np.testing.assert_array_equal(argmax(jnp.asarray(x)), want)
+  both = np.stack([x[[1, 2]], x[[0, 7]]])  # +inf beside -inf in a batch: no NaN for it
+  np.testing.assert_array_equal(argmax(jnp.asarray(both)), np.argmax(both, axis=-1))
 
 
-def test_argmax_of_a_large_vocabulary_with_leading_axes():
+@pytest.mark.parametrize("branch", [None, False])  # None: the backend's (the CPU: a branch)
+def test_argmax_of_a_large_vocabulary_with_leading_axes(branch):
+  argmax = functools.partial(top_k.argmax, branch=branch)
   rng = np.random.default_rng(4)
   big = rng.normal(size=(3, 5, 8000)).astype(np.float32)  # chunks of 64
   big[1, 2, 7999] = 9.0  # the last token
   big[2, 0, [100, 6000]] = 9.0  # a tie across chunks: the first
-  np.testing.assert_array_equal(top_k.argmax(jnp.asarray(big)), np.argmax(big, axis=-1))
+  big[0, 3, 4000] = np.nan
+  np.testing.assert_array_equal(argmax(jnp.asarray(big)), np.argmax(big, axis=-1))
   odd = rng.normal(size=(4, 8001)).astype(np.float32)  # no chunk divides 8001
   assert top_k.argmax_chunk(8001) == 0
-  np.testing.assert_array_equal(top_k.argmax(jnp.asarray(odd)), np.argmax(odd, axis=-1))
+  np.testing.assert_array_equal(argmax(jnp.asarray(odd)), np.argmax(odd, axis=-1))
 
 
 def test_top_extensions_takes_the_chunked_path_where_it_pays():

@@ -94,7 +94,7 @@ def top_extensions(candidates: jax.Array, count: int) -> tuple[jax.Array, jax.Ar
 ARGMAX_CHUNKS = (64, 32, 16, 8)  # `argmax`'s chunk: the first of these that divides the vocabulary
 
 
-def argmax(log_probs: jax.Array) -> jax.Array:
+def argmax(log_probs: jax.Array, branch: bool | None = None) -> jax.Array:
   """[..., v] -> [...] int32: exactly `jnp.argmax(log_probs, axis=-1)` (the first maximum; in a
   row holding NaN, its first NaN), in a fraction of its time on XLA:CPU, where argmax is a
   reduction over (value, index) pairs that does not vectorise.
@@ -103,23 +103,44 @@ def argmax(log_probs: jax.Array) -> jax.Array:
   dividing v; else `_first_max`, two reads). The first maximum is in the first chunk whose
   maximum equals the row's, at the first position there that equals it: found among the v/C
   chunk maxima and the C elements of that chunk. Equality is float ==, as argmax's order
-  (-0.0 == +0.0: the first of them). XLA:CPU's vectorised max skips NaN, so a batch whose sum
-  is NaN (a NaN, or +inf beside -inf) takes jnp.argmax itself.
+  (-0.0 == +0.0: the first of them). A max may skip NaN (XLA:CPU's vectorised one does), so NaN
+  is answered apart, in one of two ways:
+  - `branch` (the default on the CPU backend): a batch whose sum is NaN (a NaN, or +inf beside
+    -inf) takes jnp.argmax under a `lax.cond`, whose predicate costs one more reduction;
+  - else (other backends, where a branch in the search's loop may wait on the device): each
+    chunk also says whether it holds a NaN, and a NaN row's answer is its first chunk holding
+    one, at the first NaN there. On the CPU 4-8% slower than `branch` in the refilled
+    greedy search (docs/experiments.md, 2026-11-29).
   """
   shape, vocab = log_probs.shape[:-1], log_probs.shape[-1]
   chunk = argmax_chunk(vocab)
   if not chunk:
     return _first_max(log_probs)
+  if branch is None:
+    branch = jax.default_backend() == "cpu"
   chunks = log_probs.reshape(-1, vocab // chunk, chunk)  # [r, n, C]
   maxima = jnp.max(chunks, axis=-1)  # [r, n]
-  total = jnp.sum(jnp.sum(chunks, axis=-1))  # NaN if any element is (a sibling of the max)
   top = jnp.max(maxima, axis=-1, keepdims=True)  # [r, 1]
-  first = jnp.argmax(maxima == top, axis=-1).astype(jnp.int32)  # [r]: the first chunk holding it
-  elements = jnp.take_along_axis(chunks, first[:, None, None], axis=1)[:, 0]  # [r, C]
-  at = jnp.argmax(elements == top, axis=-1).astype(jnp.int32)  # [r]
-  token = (first * chunk + at).reshape(shape)
-  exact = lambda: jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # noqa: E731
-  return jax.lax.cond(jnp.isnan(total), exact, lambda: token)
+  first = jnp.argmax(maxima == top, axis=-1)  # [r]: the first chunk holding the maximum
+  if branch:
+    total = jnp.sum(jnp.sum(chunks, axis=-1))  # NaN if any element is (a sibling of the max)
+    at = jnp.argmax(_chunk(chunks, first) == top, axis=-1)
+    token = (first * chunk + at).astype(jnp.int32).reshape(shape)
+    exact = lambda: jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # noqa: E731
+    return jax.lax.cond(jnp.isnan(total), exact, lambda: token)
+  nans = jnp.any(jnp.isnan(chunks), axis=-1)  # [r, n]: in the same pass
+  nan_row = jnp.any(nans, axis=-1)  # [r]
+  first = jnp.where(nan_row, jnp.argmax(nans, axis=-1), first)
+  elements = _chunk(chunks, first)  # [r, C]
+  at = jnp.where(
+      nan_row, jnp.argmax(jnp.isnan(elements), axis=-1), jnp.argmax(elements == top, axis=-1)
+  )
+  return (first * chunk + at).astype(jnp.int32).reshape(shape)
+
+
+def _chunk(chunks: jax.Array, index: jax.Array) -> jax.Array:
+  """chunks [r, n, C], index [r] -> each row's chunk `index` [r, C]."""
+  return jnp.take_along_axis(chunks, index[:, None, None], axis=1)[:, 0]
 
 
 def argmax_chunk(vocab: int) -> int:
