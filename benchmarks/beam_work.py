@@ -97,9 +97,7 @@ def main(argv):
         break
       for stop in rules:
         sentence_steps[stop] += int((~done[stop]).sum())
-      longest = state.limit if run.alpha >= 0 else state.step + 1  # as Beam.done
-      bound = state.alive_log_probs / decode.length_penalty(longest, alpha)[:, None]
-      could_win = np.asarray(bound > state.finished_scores[:, :1])  # [b, k]
+      could_win = np.asarray(proven.best_scores(state, alpha) > state.finished_scores[:, :1])
       live += int((could_win & ~done["proven"][:, None]).sum())
       state, beams = step(state, beams)
   cfg = run.model_config

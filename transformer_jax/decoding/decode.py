@@ -215,13 +215,18 @@ class Beam:
     extension ranked among the k best of its step, as CTranslate2 and fairseq count them): the
     best of those k, which an alive hypothesis might still have beaten.
     """
-    longest = jnp.where(alpha >= 0, state.limit, state.step + 1)  # [b]; alpha may be traced
-    best_alive = state.alive_log_probs[:, 0] / length_penalty(longest, alpha)  # [b]
+    best_alive = self.best_scores(state, alpha)[:, 0]  # [b]
     finished = state.finished_scores[:, 0 if self.best_only else -1]
     done = (state.step >= state.limit) | (finished >= best_alive)
     if self.stop == "k_finished":  # the finished set keeps the k best: full once k finished
       done |= state.finished_scores[:, -1] > -jnp.inf
     return done
+
+  @staticmethod
+  def best_scores(state: BeamState, alpha) -> jax.Array:
+    """[b, k]: the best score each alive hypothesis can still end with (`done`'s bound)."""
+    longest = jnp.where(alpha >= 0, state.limit, state.step + 1)  # [b]; alpha may be traced
+    return state.alive_log_probs / length_penalty(longest, alpha)[:, None]
 
   def result(self, state: BeamState, alpha) -> tuple[jax.Array, jax.Array]:
     """(tokens [b, k, n], scores [b, k]), best first: the finished hypotheses, or the alive ones
