@@ -40,3 +40,19 @@ def shared_data() -> pathlib.Path:
   if not SHARED_DATA.is_dir():
     pytest.skip(f"{SHARED_DATA} is absent (real corpora are not shipped with the project)")
   return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+  """(workdir, results) of a tiny translation run with checkpoints at steps 2, 3 and 4 and the
+  average of 3 and 4, trained once for every module that reads one (tests copy it to change it).
+  A module may define its own `trained_run`."""
+  from test_train import tiny_config
+
+  from transformer_jax.training import train
+
+  workdir = tmp_path_factory.mktemp("run")
+  config = tiny_config(num_steps=4, checkpoint_every=1, keep_checkpoints=3, average_last=2)
+  config.eval.beam_size = 2
+  results = train.run(config, str(workdir), devices=jax.devices()[:1])
+  return workdir, results

@@ -9,6 +9,7 @@ import importlib.util
 import io
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -116,9 +117,9 @@ def test_sweep_refuses_a_missing_file_and_a_config_that_is_not_a_sweep(tmp_path)
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("{", r"results.json is not JSON \("),
+    ("{", r"results.json is not valid JSON \(line 1, column 2: "),
     ('{"step": 3}', r"results.json lacks \['num_params', 'eval_perplexity', 'test_bleu'\]"),
-    ("[1, 2]", r"results.json lacks \['num_params', 'step'"),
+    ("[1, 2]", r"results.json holds a JSON array where a JSON object is expected"),
 ])  # fmt: skip
 def test_sweep_names_a_damaged_results_file(tmp_path, text, expected):
   (tmp_path / "A1").mkdir()
@@ -219,6 +220,207 @@ def test_the_line_reader_drops_a_byte_order_mark_opening_the_input():
     read(b"\xef\xbb\xbfcaf\xe9\n")
 
 
+# ------------------------------------------- tune_decoding --try: a decoding key, checked first
+
+TAKES = "--try takes eval.beam_stop, eval.matmul_dtype, eval.max_decode_extra"
+
+
+def _run_config(workdir: pathlib.Path, task: str = "translation") -> pathlib.Path:
+  """`workdir` holding only the config.json of a tiny run of `task`: what the checks read."""
+  from testing import tiny_train_config
+
+  if task == "translation":
+    config = tiny_train_config()
+  else:
+    config = config_lib.default_config(task)
+    config.data.source, config.data.path = "ptb", str(workdir / "treebank")
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(config.to_json_best_effort())  # as train.py writes it
+  return workdir
+
+
+@pytest.fixture
+def nothing_loaded(monkeypatch):
+  """Loading a run's parameters or reading its data fails the test."""
+  from transformer_jax.data import pipeline
+  from transformer_jax.runs import inference
+
+  def loaded(*args, **kwargs):
+    raise AssertionError("a run's parameters or data were loaded")
+
+  for module, name in (
+      (inference, "load_run"),
+      (inference, "restore_params"),
+      (pipeline, "load_dataset"),
+      (pipeline, "load_workdir_tokenizer"),
+  ):
+    monkeypatch.setattr(module, name, loaded)
+
+
+@pytest.mark.parametrize("task, flag, expected", [
+    ("translation", "eval.bogus=1,2", "--try eval.bogus: the run's config has no such key; "),
+    ("translation", "bogus=1", "--try bogus: the run's config has no such key; "),
+    ("translation", "model.d_model=128,256", "--try model.d_model: not a decoding setting; "),
+    ("translation", "train.num_steps=1,2", "--try train.num_steps: not a decoding setting; "),
+    ("translation", "eval.batch_size=8,16", "--try eval.batch_size: not a decoding setting; "),
+    ("translation", "eval.beam_size=abc", "--try eval.beam_size: beam sizes are tried with "
+     "--beam_sizes; "),
+    ("translation", "eval.alpha=1", "--try eval.alpha: length penalties are tried with --alphas; "),
+    ("translation", "eval.refill=3", "--try eval.refill: it changes how fast the search runs, "
+     "not what it writes; "),
+    ("translation", "eval.max_decode_extra=abc", "--try eval.max_decode_extra='abc': "
+     "eval.max_decode_extra takes int values (the run's is 10); "),
+    ("translation", "eval.max_decode_extra=1.5", "--try eval.max_decode_extra='1.5': "
+     "eval.max_decode_extra takes int values"),
+    ("translation", "eval.beam_stop=bogus", "--try eval.beam_stop='bogus': "
+     "config.eval.beam_stop='bogus': must be one of ('proven', 'k_finished'); "),
+    ("translation", "eval.max_decode_extra=0", "--try eval.max_decode_extra=0: "
+     "config.eval.max_decode_extra=0: must be >= 1; "),
+    ("translation", "parsing.tree_constraints=false,true", "--try parsing.tree_constraints: the "
+     "run's config has no such key; "),
+    ("parsing", "parsing.tree_constraints=3", "--try parsing.tree_constraints='3': "
+     "parsing.tree_constraints takes bool values (the run's is False); "),
+    ("parsing", "parsing.decoder=chart", "--try parsing.decoder: not a decoding setting; "),
+])  # fmt: skip
+def test_tune_decoding_refuses_a_try_it_cannot_try_before_loading_anything(
+    tmp_path, nothing_loaded, task, flag, expected
+):
+  from transformer_jax import tune_decoding
+
+  workdir = _run_config(tmp_path / "run", task)
+  takes = TAKES + (", parsing.tree_constraints" if task == "parsing" else "")
+  with pytest.raises(errors.UserError) as raised:
+    tune_decoding.tune(str(workdir), [0.6], values=tune_decoding.split_try(flag))
+  message = str(raised.value)
+  assert message.startswith(expected) and message.endswith(takes), message
+  assert "\n" not in message
+  assert sorted(os.listdir(workdir)) == ["config.json"]  # nothing written
+
+
+def test_tune_decoding_takes_each_value_of_a_decoding_key_as_the_keys_type(tmp_path):
+  from transformer_jax import tasks, tune_decoding
+  from transformer_jax.runs import inference
+
+  translation = inference.load_config(str(_run_config(tmp_path / "t")))
+  parsing = inference.load_config(str(_run_config(tmp_path / "p", "parsing")))
+
+  def check(config, flag):
+    return tune_decoding.check_try(config, tasks.get(config.task), *tune_decoding.split_try(flag))
+
+  assert check(translation, "eval.beam_stop=proven,k_finished") == ["proven", "k_finished"]
+  assert check(translation, "eval.max_decode_extra=1,50") == [1, 50]  # "1" an int, not True
+  assert check(translation, "eval.matmul_dtype=float32,bfloat16") == ["float32", "bfloat16"]
+  assert check(parsing, "parsing.tree_constraints=false,1") == [False, True]
+  # Python values (the library's callers, parse_try's) are checked as they are.
+  key = "parsing.tree_constraints"
+  assert tune_decoding.check_try(parsing, tasks.get("parsing"), key, [False, True]) == [
+      False,
+      True,
+  ]
+  with pytest.raises(errors.UserError, match=r"takes bool values"):
+    tune_decoding.check_try(parsing, tasks.get("parsing"), key, [0, 1])
+  with pytest.raises(errors.UserError, match=r"takes str values"):
+    tune_decoding.check_try(translation, tasks.get("translation"), "eval.beam_stop", [3])
+
+
+# ------------------------------------------ a damaged file of a workdir: one line naming it
+
+CONFIG_DAMAGE = {  # case: (the file, what follows "WORKDIR/config.json " in the error)
+    "cut short": ('{"model": {', r"is not valid JSON \(line 1, column 12: "),
+    "empty": ("", r"is empty: "),
+    "a list": ("[1, 2]", r"holds a JSON array where a JSON object is expected: "),
+    "a number": ("3", r"holds the JSON value 3 where a JSON object is expected: "),
+    "not UTF-8": (b'{"task": "\xe9"}', r"is not UTF-8 text \(byte 0xe9 at offset 10\): "),
+    "a section that is no object": ('{"model": 5}', r"does not hold a run's config \(.*\): "),
+    "a value of another type": (
+        '{"eval": {"beam_size": "x"}}',
+        r"does not hold a run's config \(.*'beam_size'.*\): ",
+    ),
+}
+
+
+def _damage(path: pathlib.Path, content) -> None:
+  if isinstance(content, bytes):
+    path.write_bytes(content)
+  else:
+    path.write_text(content)
+
+
+@pytest.mark.parametrize("case", list(CONFIG_DAMAGE))
+def test_a_damaged_config_json_is_named_by_every_command_that_reads_it(
+    tmp_path, nothing_loaded, case
+):
+  from testing import tiny_train_config
+
+  from transformer_jax import average, tasks, tune_decoding
+  from transformer_jax.runs import inference
+  from transformer_jax.training import train
+
+  content, expected = CONFIG_DAMAGE[case]
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  _damage(workdir / "config.json", content)
+  expected = "^" + re.escape(str(workdir / "config.json")) + " " + expected
+  tasks.check_command(str(workdir), "translate")  # passes it on: loading the run names it
+  for read in (
+      lambda: inference.load_config(str(workdir)),  # translate, parse, export, plot_attention
+      lambda: average.average_workdir(str(workdir), 2),
+      lambda: tune_decoding.tune(str(workdir), [0.6], values=("eval.beam_stop", ["proven"])),
+      lambda: train.run(tiny_train_config(), str(workdir)),  # a resumed run checks its model
+  ):
+    with pytest.raises(errors.UserError, match=expected) as raised:
+      read()
+    assert "\n" not in str(raised.value)
+  assert "restore it from a copy or retrain in a new --workdir" in str(raised.value)
+
+
+def test_a_damaged_results_json_is_named_by_plot(tmp_path):
+  (tmp_path / "results.json").write_text('{"test_bleu": 2')
+  records = [{"step": 1, "kind": "train", "nll": 2.0}]
+  with pytest.raises(errors.UserError, match=r"results.json is not valid JSON \(line 1, column"):
+    plot.summary(str(tmp_path), records)
+  (tmp_path / "results.json").write_text("[]")
+  with pytest.raises(errors.UserError, match=r"results.json holds a JSON array where a JSON obj"):
+    plot.summary(str(tmp_path), records)
+
+
+def test_training_resumes_after_a_record_cut_short_and_plot_reads_the_log(tmp_path):
+  from transformer_jax.training import train
+
+  whole = '{"step": 1, "kind": "train", "nll": 2.0}\n'
+  (tmp_path / "metrics.jsonl").write_text(whole + '{"step": 2, "kind": "tr')  # killed mid-write
+  log = train.MetricLog(str(tmp_path))  # as a resumed run opens it
+  log.write(2, "train", {"nll": 1.5})
+  log.close()
+  assert [r["step"] for r in plot.read_metrics(str(tmp_path))] == [1, 2]
+  (tmp_path / "metrics.jsonl").write_text(whole.strip())  # a whole record without its line end
+  train.MetricLog(str(tmp_path)).write(2, "train", {"nll": 1.5})
+  assert [r["step"] for r in plot.read_metrics(str(tmp_path))] == [1, 2]
+
+
+@pytest.mark.parametrize("name, content, expected", [
+    ("vocab.txt", "<pad>\n</s>\n<s>\n<unk>\nthe\nca", r"vocab.txt does not end with a line end"),
+    ("vocab.txt", "", r"vocab.txt is empty: "),
+    ("vocab.txt", b"<pad>\n</s>\n<s>\n<unk>\n\xff\n", r"vocab.txt is not UTF-8 text \(byte 0xff"),
+    ("vocab.txt", "the\ncat\n", r"vocab.txt: expected the first lines to be"),
+    ("vocab.model", b"\x0a\x05cut", r"vocab.model is not a SentencePiece model \(.*\): "),
+    ("vocab.model", b"", r"vocab.model is not a SentencePiece model \(.*\): "),
+])  # fmt: skip
+def test_a_damaged_vocabulary_is_named_before_any_parameters_are_read(
+    tmp_path, monkeypatch, name, content, expected
+):
+  from transformer_jax import average
+  from transformer_jax.runs import inference
+
+  monkeypatch.setattr(inference, "restore_params", lambda *a: pytest.fail("parameters read"))
+  workdir = _run_config(tmp_path / "run")
+  _damage(workdir / name, content)
+  for read in (lambda: inference.load_run(str(workdir)), lambda: average.average_workdir(
+      str(workdir), 2)):  # fmt: skip
+    with pytest.raises(errors.UserError, match="^" + re.escape(str(workdir)) + "/" + expected):
+      read()
+
+
 # ------------------------------------------------------------ the programs, as a user runs them
 
 TRAIN = [sys.executable, "train.py"]
@@ -235,7 +437,8 @@ QUICKSTART = ["--config", "configs/quickstart.py:smoke"]
 
 # (command, expected start of the one line after "error: "); TMP is the test's tmp_path, which
 # holds `a_file`, `not_a_run/` (a directory without metrics.jsonl), `empty_run/` (an empty
-# metrics.jsonl), `a_run/` (one record) and `sweep/base/results.json` (damaged).
+# metrics.jsonl), `a_run/` (one record), `sweep/base/results.json` (damaged), `config_only/` (a
+# tiny run's config.json alone) and `cut_config/` (a config.json cut short).
 CASES = {
     "train: a config without variants given one": (
         [*TRAIN, "--config", "configs/base.py:typo", "--workdir", "TMP/w"],
@@ -323,6 +526,18 @@ CASES = {
         [*TUNE, "--workdir", "TMP/nothing/run"],
         "--workdir TMP/nothing/run: no such directory",
     ),
+    "tune_decoding: a --try key that is no decoding setting": (
+        [*TUNE, "--workdir", "TMP/config_only", "--try", "model.d_model=128,256"],
+        f"--try model.d_model: not a decoding setting; {TAKES}",
+    ),
+    "tune_decoding: a --try key the config lacks": (
+        [*TUNE, "--workdir", "TMP/config_only", "--try", "eval.bogus=1,2"],
+        f"--try eval.bogus: the run's config has no such key; {TAKES}",
+    ),
+    "translate: a config.json cut short": (
+        [*TRANSLATE, "--workdir", "TMP/cut_config"],
+        "TMP/cut_config/config.json is not valid JSON (line 1, column 12: Expecting property name",
+    ),
     "tune_decoding: a wrong list": (
         [*TUNE, "--workdir", "TMP/not_a_run", "--alphas", "0.6,x"],
         "--alphas='0.6,x' is not a comma-separated list of float values",
@@ -374,7 +589,7 @@ CASES = {
     ),
     "sweep: a damaged results.json": (
         [*SWEEP, "--workdir_root", "TMP/sweep", "--table_only"],
-        "TMP/sweep/base/results.json is not JSON",
+        "TMP/sweep/base/results.json is not valid JSON",
     ),
     "plot: a directory that is no run": (
         [*PLOT, "--workdir", "TMP/not_a_run"],
@@ -413,6 +628,9 @@ def user_files(tmp_path):
   (tmp_path / "a_run" / "metrics.jsonl").write_text('{"step": 1, "kind": "train", "nll": 2.0}\n')
   (tmp_path / "sweep" / "base").mkdir(parents=True)
   (tmp_path / "sweep" / "base" / "results.json").write_text('{"step": 4, "num_par')
+  _run_config(tmp_path / "config_only")
+  (tmp_path / "cut_config").mkdir()
+  (tmp_path / "cut_config" / "config.json").write_text('{"model": {')
   return tmp_path
 
 

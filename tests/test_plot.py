@@ -69,10 +69,23 @@ def test_a_damaged_metrics_file_names_the_line(tmp_path):
   _write(tmp_path, RESUMED[:2])
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write('{"step": 100, "kind": "tra\n')  # a line cut short
-  with pytest.raises(ValueError, match=r"metrics.jsonl:3: not a JSON record"):
+  with pytest.raises(ValueError, match=r"metrics.jsonl line 3 is not valid JSON \(column \d+: "):
     plot.read_metrics(str(tmp_path))
   (tmp_path / "metrics.jsonl").write_text('{"loss": 1.0}\n')
-  with pytest.raises(ValueError, match=r"metrics.jsonl:1: a record needs 'step' and 'kind'"):
+  with pytest.raises(ValueError, match=r"metrics.jsonl line 1 lacks \['step', 'kind'\]"):
+    plot.read_metrics(str(tmp_path))
+  (tmp_path / "metrics.jsonl").write_text("[1]\n")
+  with pytest.raises(ValueError, match=r"line 1 holds a JSON array where a JSON object is"):
     plot.read_metrics(str(tmp_path))
   with pytest.raises(FileNotFoundError, match="is .* the --workdir of a training run"):
     plot.read_metrics(str(tmp_path / "nothing"))
+
+
+def test_a_last_record_cut_short_by_a_killed_run_is_left_out(tmp_path, caplog):
+  # A run killed while writing a record leaves it without its line end: the curves up to it are
+  # drawn, with a warning; training, when it resumes, drops it before appending (train.py).
+  _write(tmp_path, RESUMED[:2])
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 100, "kind": "tra')
+  assert plot.read_metrics(str(tmp_path)) == RESUMED[:2]
+  assert "metrics.jsonl line 3 is cut short" in caplog.text

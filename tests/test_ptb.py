@@ -2,6 +2,7 @@
 errors; the parsing config's checks, what a resumed run keeps, and saved runs' retired keys."""
 
 import json
+import re
 import shutil
 
 import jax
@@ -344,10 +345,11 @@ def test_a_saved_run_that_set_a_retired_key_is_refused_naming_it(tmp_path, varia
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "config.json").write_text(json.dumps(saved))
-  with pytest.raises(config_lib.ConfigError, match=f"^config.parsing.{key}=.*3d33068"):
+  named = f"^{re.escape(str(workdir / 'config.json'))}: config.parsing.{key}=.*3d33068"
+  with pytest.raises(config_lib.ConfigError, match=named):
     inference.load_config(str(workdir))
   config = parsing_sample.get_config(variant)
-  with pytest.raises(config_lib.ConfigError, match=f"^config.parsing.{key}=.*3d33068"):
+  with pytest.raises(config_lib.ConfigError, match=named):
     train._check_workdir_config(str(workdir), config, tasks.get("parsing"))
 
 

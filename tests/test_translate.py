@@ -25,17 +25,6 @@ from transformer_jax.training import train
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-  from test_train import tiny_config
-
-  workdir = tmp_path_factory.mktemp("run")
-  config = tiny_config(num_steps=4, checkpoint_every=1, keep_checkpoints=3, average_last=2)
-  config.eval.beam_size = 2
-  results = train.run(config, str(workdir), devices=jax.devices()[:1])
-  return workdir, results
-
-
 def test_average_of_checkpoints_is_the_mean_of_their_params(trained_run):
   workdir, results = trained_run
   assert results["parameters"] == "average of steps [3, 4]"

@@ -179,6 +179,22 @@ def eval_section() -> ml_collections.ConfigDict:
   return s
 
 
+# The keys of config.eval that change what the search writes, which tune_decoding --try compares
+# by the validation score (a task adds its own, tasks/base.py `Task.decoding_keys`). Not among
+# them: beam_size and alpha, which tune_decoding sweeps with flags of their own; batch_tokens,
+# shapes and refill, which change how fast the search runs and not its outputs; batch_size and
+# num_sentences, which are the evaluation loss's and training's subset, not the search's.
+DECODING_KEYS = ("beam_stop", "matmul_dtype", "max_decode_extra")
+
+
+def decoding_keys(task) -> list[str]:
+  """The "section.key" names of the decoding settings of a run of `task`: DECODING_KEYS and the
+  task's own (`Task.decoding_keys`, keys of its section)."""
+  return [f"eval.{k}" for k in DECODING_KEYS] + [
+      f"{task.name}.{k}" for k in getattr(task, "decoding_keys", ())
+  ]
+
+
 def distributed_section() -> ml_collections.ConfigDict:
   """config.distributed: joining the processes of a multi-host run."""
   s = ml_collections.ConfigDict()
@@ -244,6 +260,23 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
         section.pop(key)
   defaults.update(saved)
   return defaults
+
+
+def load_saved(path: str, fix: str = files.DAMAGED) -> ml_collections.ConfigDict:
+  """The config a run saved in `path` (its config.json), by `from_saved`.
+
+  A file that is missing, damaged or cut short, or that holds JSON which is no run's config (a
+  list, a section that is not an object, a value of another type than the key's), is one
+  UserError naming `path`, then `fix`.
+  """
+  saved = files.read_json(path, dict, fix=fix)
+  try:
+    return from_saved(saved)
+  except errors.UserError as e:
+    raise ConfigError(f"{path}: {e}") from None
+  except (TypeError, ValueError, AttributeError, KeyError) as e:
+    reason = " ".join(str(e).split())
+    raise ConfigError(f"{path} does not hold a run's config ({reason}): {fix}") from None
 
 
 class ConfigError(errors.UserError):

@@ -23,7 +23,7 @@ import os
 
 from absl import app, flags
 
-from transformer_jax import cli, figures
+from transformer_jax import cli, figures, files
 from transformer_jax.errors import UserError
 
 SERIES = (  # (name, record kind, key, panel, line style)
@@ -47,27 +47,27 @@ def _define_flags():
   flags.DEFINE_string("output", "", "PNG to write; default: WORKDIR/curves.png (first workdir).")
 
 
+# What to do about a damaged line of metrics.jsonl: training only appends to it, and only this
+# command and TensorBoard's copy of the numbers read it.
+METRICS_FIX = "delete that line, or restore the file from a copy"
+# And about a damaged results.json: training a finished run again evaluates it and writes it.
+RESULTS_FIX = (
+    "the file is damaged or cut short; delete it and run the training command on this --workdir "
+    "again, whose final evaluation writes it anew"
+)
+
+
 def read_metrics(workdir: str) -> list[dict]:
   """The records of `workdir/metrics.jsonl`; a line that is not a record names file and line.
 
   FileNotFoundError if `workdir` holds no metrics.jsonl, UserError if it holds a damaged or an
-  empty one.
+  empty one. A last line cut short (training killed while writing it; training drops it when it
+  resumes) is left out with a warning: the curves up to it are whole.
   """
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist: is {workdir} the --workdir of a training run?")
-  records = []
-  with open(path) as f:
-    for number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{number}: not a JSON record ({e.msg})") from None
-      if not isinstance(record, dict) or "step" not in record or "kind" not in record:
-        raise UserError(f"{path}:{number}: a record needs 'step' and 'kind', got {line[:80]!r}")
-      records.append(record)
+  records = files.read_json_lines(path, keys=("step", "kind"), fix=METRICS_FIX)
   if not records:
     raise UserError(f"{path} is empty: the run has logged nothing yet")
   return records
@@ -140,8 +140,7 @@ def summary(workdir: str, records: list[dict]) -> dict:
   }
   results = os.path.join(workdir, "results.json")
   if os.path.exists(results):
-    with open(results) as f:
-      final = json.load(f)
+    final = files.read_json(results, fix=RESULTS_FIX)
     out.update({k: final[k] for k in ("test_bleu", "eval_perplexity") if k in final})
   return out
 

@@ -33,7 +33,7 @@ import sys
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli
+from transformer_jax import cli, files
 from transformer_jax import config as config_lib
 from transformer_jax.errors import UserError
 
@@ -150,19 +150,11 @@ def collect(root: str, rows: list[str], paper: dict) -> list[dict]:
 
 def _read_results(path: epath.Path) -> dict:
   """A finished row's results.json, or a UserError naming the file and what is wrong with it."""
-  try:
-    results = json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    problem = f"is not JSON ({e.msg})"
-  else:
-    keys = ("num_params", "step", "eval_perplexity", "test_bleu")
-    missing = [k for k in keys if not isinstance(results, dict) or k not in results]
-    if not missing:
-      return results
-    problem = f"lacks {missing}"
-  raise UserError(
-      f"{path} {problem}: not the results of a finished training run; move it away to rerun "
-      "the row"
+  return files.parse_json(
+      path.read_bytes(),
+      str(path),
+      keys=("num_params", "step", "eval_perplexity", "test_bleu"),
+      fix="not the results of a finished training run; move it away to rerun the row",
   )
 
 

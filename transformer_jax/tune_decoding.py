@@ -10,9 +10,14 @@ which chose its beam size on section 22); the pair with the best validation scor
 `metric`; on ties the smaller beam, then the smaller α) then decodes the test split once, scored
 and written as the task's final evaluation is (`Task.test_results`), under names marked `tuned`:
 `DIR/test_translations.tuned.txt`, `DIR/test_trees.tuned.mrg`. `--try KEY=V1,V2` also tries each
-value of one decoding key of the run's config (on ties, the first listed). Prints one JSON line
-and writes it to `DIR/decoding_sweep.json`. Put the chosen values in the config
-(`eval.beam_size`, `eval.alpha`, ...) so the run's own final evaluation uses them.
+value of one decoding key of the run's config (on ties, the first listed): one that changes what
+the search writes, `eval.beam_stop`, `eval.matmul_dtype`, `eval.max_decode_extra`
+(config.DECODING_KEYS) or one its task declares (`Task.decoding_keys`: a parsing run's
+`parsing.tree_constraints`). Another key (one of the model's or training's, one that changes only
+the speed, a typo), a value of another type than the run's, or one the config's checks refuse
+is an error naming the key and the keys --try takes, before any parameters or data are read.
+Prints one JSON line and writes it to `DIR/decoding_sweep.json`. Put the chosen values in the
+config (`eval.beam_size`, `eval.alpha`, ...) so the run's own final evaluation uses them.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import os
 import pathlib
 
+import ml_collections
 from absl import flags
 
 from transformer_jax import cli, errors, files
@@ -38,8 +44,11 @@ def _define_flags():
   flags.DEFINE_string(
       "try",
       "",
-      "KEY=V1,V2: also try each value of a decoding key of the run's config "
-      "(e.g. parsing.tree_constraints=false,true); on ties the first listed wins.",
+      "KEY=V1,V2: also try each value of one decoding key of the run's config, one that "
+      "changes what the search writes: eval.beam_stop, eval.matmul_dtype, eval.max_decode_extra, "
+      "or the task's (a parsing run's parsing.tree_constraints); each value of the type of the "
+      "run's (e.g. eval.beam_stop=proven,k_finished). Beam sizes and α have --beam_sizes and "
+      "--alphas. On ties the first listed wins.",
   )
 
 
@@ -57,8 +66,10 @@ def tune(
   an argument of its compiled search, so the search compiles once per (batch shape, beam size)
   however many α are tried (`search_compilations` in the result). `values` ("section.key",
   [value, ...]): the values of a decoding key of the run's config to try as well (None: the
-  run's own); the parameters are shared.
+  run's own), checked by `check_try` before anything else is loaded (texts, as --try gives them,
+  converted to the key's type); the parameters are shared.
   """
+  from transformer_jax import tasks
   from transformer_jax.data import pipeline
   from transformer_jax.runs import inference  # heavy (JAX); keeps --help fast
 
@@ -68,10 +79,15 @@ def tune(
     raise errors.UserError(f"--alphas={alphas}: a length penalty must be >= 0")
   if beam_sizes and any(k < 1 for k in beam_sizes):
     raise errors.UserError(f"--beam_sizes={beam_sizes}: a beam size must be >= 1")
-  run = inference.load_run(workdir, which)
-  task, config = run.task, run.config
+  # The run's config alone first: a wrong --try is refused before parameters or data are read.
+  saved = inference.load_config(workdir)
+  task = tasks.get(saved.task)
   if not task.metric:
     raise errors.UserError(f"the {task.name} task names no metric (Task.metric) to choose by")
+  if values:
+    values = (values[0], check_try(saved, task, *values))
+  run = inference.load_run(workdir, which)
+  config = run.config
   key, tried = values if values else (None, [None])
   # One loaded run per value of the key (the parameters shared): its search built for it.
   runs = [run if key is None else run.with_overrides({key: v}) for v in tried]
@@ -151,9 +167,9 @@ def boolean(text: str) -> bool:
   return value
 
 
-def parse_try(text: str) -> tuple[str, list] | None:
-  """--try "section.key=V1,V2" -> ("section.key", [V1, V2]): true/false as booleans, numbers as
-  numbers, anything else as text (the run's config checks each value when it is set)."""
+def split_try(text: str) -> tuple[str, list[str]] | None:
+  """--try "section.key=V1,V2" -> ("section.key", ["V1", "V2"]), the values as written (None for
+  an empty flag); `check_try` converts them to the key's type."""
   if not text.strip():
     return None
   key, sep, values = text.partition("=")
@@ -162,6 +178,17 @@ def parse_try(text: str) -> tuple[str, list] | None:
     raise errors.UserError(
         f"--try={text!r}: expected KEY=V1,V2 (e.g. parsing.tree_constraints=false,true)"
     )
+  return key.strip(), items
+
+
+def parse_try(text: str) -> tuple[str, list] | None:
+  """--try "section.key=V1,V2" -> ("section.key", [V1, V2]): true/false as booleans, numbers as
+  numbers, anything else as text, without the run's config (`tune` checks each value against
+  it)."""
+  split = split_try(text)
+  if split is None:
+    return None
+  key, items = split
   out = []
   for item in items:
     for kind in (boolean, int, float):
@@ -172,14 +199,73 @@ def parse_try(text: str) -> tuple[str, list] | None:
         continue
     else:
       out.append(item)
-  return key.strip(), out
+  return key, out
+
+
+def check_try(config, task, key: str, values: list) -> list:
+  """The values of --try `key` for a run of `task` whose config is `config`, each of the type of
+  the key's value there (a text from the command line converted to it), or a UserError naming
+  the key and the keys --try takes: for a key that is not a decoding setting (config.py
+  `decoding_keys`: one of config.eval's that change the outputs, or of the task's), a value of
+  another type, or one the config's checks refuse. Nothing is loaded but the config."""
+  from transformer_jax import config as config_lib
+  from transformer_jax.runs import inference
+
+  accepted = config_lib.decoding_keys(task)
+  takes = f"--try takes {', '.join(accepted)}"
+  if key not in accepted:
+    try:
+      config_lib.config_value(config, key)
+    except (KeyError, AttributeError, TypeError):
+      raise errors.UserError(f"--try {key}: the run's config has no such key; {takes}") from None
+    why = {
+        "eval.beam_size": "beam sizes are tried with --beam_sizes",
+        "eval.alpha": "length penalties are tried with --alphas",
+        **dict.fromkeys(
+            ("eval.batch_tokens", "eval.shapes", "eval.refill"),
+            "it changes how fast the search runs, not what it writes",
+        ),
+    }.get(key, "not a decoding setting")
+    raise errors.UserError(f"--try {key}: {why}; {takes}")
+  current = config_lib.config_value(config, key)
+  out = []
+  for value in values:
+    typed = _typed(value, type(current))
+    if typed is None:
+      raise errors.UserError(
+          f"--try {key}={value!r}: {key} takes {type(current).__name__} values (the run's is "
+          f"{current!r}); {takes}"
+      )
+    trial = ml_collections.ConfigDict(config.to_dict())
+    inference.set_values(trial, {key: typed})
+    try:
+      config_lib.validate(trial, task)
+    except errors.UserError as e:
+      raise errors.UserError(f"--try {key}={typed!r}: {e}; {takes}") from None
+    out.append(typed)
+  return out
+
+
+def _typed(value, kind: type):
+  """`value` as a `kind` (bool, int, float or str), or None where it is not one: a text is
+  converted (true/false, a number), an int stands for a float, nothing else is changed."""
+  if isinstance(value, str) and kind is not str:
+    try:
+      return boolean(value) if kind is bool else kind(value.strip())
+    except ValueError:
+      return None
+  if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    return float(value)
+  if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+    return value
+  return None
 
 
 def main(argv):
   args = cli.workdir_args(argv)
   alphas = _parse_list("alphas", args.alphas, float)
   beam_sizes = _parse_list("beam_sizes", args.beam_sizes, int)
-  values = parse_try(getattr(args, "try"))
+  values = split_try(getattr(args, "try"))  # as written: tune converts them to the key's type
   print(json.dumps(tune(args.workdir, alphas, beam_sizes, args.checkpoint, values)))
   return 0
 

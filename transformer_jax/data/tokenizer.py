@@ -25,6 +25,15 @@ from typing import Protocol
 
 import sentencepiece as spm
 
+from transformer_jax.errors import UserError
+
+# What to do about a damaged vocabulary file: a run's checkpoints hold ids of this vocabulary,
+# so no other file can stand in for it.
+DAMAGED = (
+    "the file is damaged or cut short; restore it from a copy (the run's checkpoints were "
+    "trained with this vocabulary) or retrain in a new --workdir"
+)
+
 PAD_ID = 0
 EOS_ID = 1
 BOS_ID = 2
@@ -126,12 +135,29 @@ class WordTokenizer:
       f.write("\n".join(self._id_to_token) + "\n")
 
   @classmethod
-  def load(cls, path: str) -> WordTokenizer:
-    with open(path, encoding="utf-8") as f:
-      tokens = f.read().splitlines()
+  def load(cls, path: str, saved: bool = True) -> WordTokenizer:
+    """The vocabulary of a file `save` wrote (`saved`: a file without the line end `save` ends
+    it with was cut short, and is refused) or of any file of one word per line, reserved tokens
+    first. A damaged file is a UserError naming it."""
+    with open(path, "rb") as f:
+      data = f.read()
+    try:
+      text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise UserError(
+          f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): {DAMAGED}"
+      ) from None
+    if not text.strip():
+      raise UserError(f"{path} is empty: {DAMAGED}")
+    if saved and not text.endswith("\n"):
+      raise UserError(
+          f"{path} does not end with a line end, as every vocabulary file this project writes "
+          f"does: {DAMAGED}"
+      )
+    tokens = text.splitlines()
     header = tuple(tokens[: len(RESERVED_TOKENS)])
     if header != RESERVED_TOKENS:
-      raise ValueError(
+      raise UserError(
           f"{path}: expected the first lines to be {RESERVED_TOKENS} (a file "
           f"written by WordTokenizer.save), found {header}. A SentencePiece "
           "'.vocab' file cannot be loaded on its own: pass its '.model' file."
@@ -148,7 +174,11 @@ class SentencePieceTokenizer:
           f"SentencePiece model {model_path!r} not found; train one with "
           "train_sentencepiece(...) or check the path."
       )
-    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    except (RuntimeError, OSError) as e:  # a damaged or truncated model proto
+      reason = " ".join(str(e).split())
+      raise UserError(f"{model_path} is not a SentencePiece model ({reason}): {DAMAGED}") from None
     got = (self._sp.pad_id(), self._sp.eos_id(), self._sp.bos_id(), self._sp.unk_id())
     want = (PAD_ID, EOS_ID, BOS_ID, UNK_ID)
     if got != want:
@@ -219,7 +249,7 @@ def load_tokenizer(path: str) -> Tokenizer:
   if ext == ".model":
     return SentencePieceTokenizer(path)
   if ext in (".txt", ".vocab"):
-    return WordTokenizer.load(path)
+    return WordTokenizer.load(path, saved=False)
   raise ValueError(
       f"load_tokenizer: cannot tell the kind of {path!r} from its "
       "extension; use '.model' (SentencePiece) or '.txt'/'.vocab' "

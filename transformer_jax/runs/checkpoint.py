@@ -9,6 +9,13 @@ A checkpoint that is complete but cannot be read (damaged bytes, a file lost in 
 half-synced bucket) is set aside, not deleted: resuming restores the newest readable step and
 moves the unreadable newer ones to `workdir/checkpoints.unreadable/`, where they can be inspected
 or moved back.
+
+Orbax does not check the bytes of the arrays it reads back, so each checkpoint also holds
+`digest`: a digest of every array of the state and of the data position (runs/digest.py),
+committed with them. Every restore recomputes and compares it, and a checkpoint whose values
+differ is reported as damaged (and, when resuming, set aside like an unreadable one). The
+averaged parameters carry theirs in `averaged/steps.json`. Checkpoints written before digests
+were kept restore unverified, with a note saying so.
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_jax import errors
+from transformer_jax import errors, files
 from transformer_jax.parallel import distributed
+from transformer_jax.runs import digest
 
 UNREADABLE_DIR = "checkpoints.unreadable"
+DIGEST_ITEM = "digest"
+DIGEST_FORMAT = 1
 
 
 class CheckpointError(errors.UserError):
@@ -40,20 +50,79 @@ def make_manager(workdir: str, *, keep: int, save_every: int) -> ocp.CheckpointM
   return ocp.CheckpointManager(
       os.path.abspath(os.path.join(workdir, "checkpoints")),
       options=options,
-      item_names=("state", "data"),
+      item_names=("state", "data", DIGEST_ITEM),
   )
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_state: dict, *, force=False):
-  """Saves if `step` is on the interval (or `force`); returns whether a save started."""
+  """Saves if `step` is on the interval (or `force`); returns whether a save started.
+
+  The digest of the state and of the data position is computed only for a step that is saved,
+  and committed in the same checkpoint."""
+  if not (force or manager.should_save(step)):
+    return False
+  digests = {
+      "format": DIGEST_FORMAT,
+      "state": digest.tree_digest(state),
+      "data": digest.json_digest(data_state),
+  }
   return manager.save(
       step,
       args=ocp.args.Composite(
           state=ocp.args.StandardSave(state),
           data=ocp.args.JsonSave(data_state),
+          **{DIGEST_ITEM: ocp.args.JsonSave(digests)},
       ),
       force=force,
   )
+
+
+def _has_digest(step_dir) -> bool:
+  return (epath.Path(step_dir) / DIGEST_ITEM).is_dir()
+
+
+def read_digest(step_dir) -> dict | None:
+  """The digest saved in checkpoint directory `step_dir` (`.../checkpoints/<step>`), or None for
+  a checkpoint written before digests were kept. A digest that cannot be read is an error."""
+  path = epath.Path(step_dir) / DIGEST_ITEM
+  if not path.is_dir():
+    return None
+  with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+    saved = checkpointer.restore(path, args=ocp.args.JsonRestore())
+  _check_digest_record(saved, path)
+  return saved
+
+
+def _check_digest_record(saved, where) -> None:
+  if (
+      not isinstance(saved, dict)
+      or saved.get("format") != DIGEST_FORMAT
+      or not isinstance(saved.get("state"), dict)
+  ):
+    raise ValueError(f"the digest in {where} is not a format-{DIGEST_FORMAT} digest record")
+
+
+def verify(saved: dict | None, restored, where: str, prefix: str = "") -> None:
+  """Raises CheckpointError when `restored`'s arrays differ from the digests `saved` with them.
+
+  `where` names the checkpoint in messages; `prefix` is the path of `restored` in the saved tree
+  ("params/" for the parameters alone). `saved` None (no digest): a one-line note, no check."""
+  if saved is None:
+    logging.warning(
+        "%s was written without a digest (by an older version): its values are not verified",
+        where,
+    )
+    return
+  bad, unknown = digest.mismatches(saved["state"], restored, prefix)
+  if bad:
+    listing = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    raise CheckpointError(
+        f"{where} is damaged: {len(bad)} saved arrays differ from the digest written with them "
+        f"({listing}); its files changed after they were written. Use an older checkpoint "
+        "(--checkpoint STEP) or restore the files from a copy"
+    )
+  if unknown:
+    logging.warning("%s: %d arrays have no saved digest and are not verified", where, unknown)
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state, step: int | None = None):
@@ -65,17 +134,29 @@ def restore(manager: ocp.CheckpointManager, abstract_state, step: int | None = N
   step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {manager.directory}")
+  where = f"checkpoint step {step} in {manager.directory}"
+  with_digest = _has_digest(epath.Path(manager.directory) / str(step))
   try:
     restored = manager.restore(
         step,
         args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
             data=ocp.args.JsonRestore(),
+            **({DIGEST_ITEM: ocp.args.JsonRestore()} if with_digest else {}),
         ),
     )
     data_state = restored["data"]
     if not isinstance(data_state, dict):
       raise ValueError(f"the data position is {type(data_state).__name__}, not a JSON object")
+    saved = restored[DIGEST_ITEM] if with_digest else None
+    if saved is not None:
+      _check_digest_record(saved, "the checkpoint")
+      if saved.get("data") != digest.json_digest(data_state):
+        raise CheckpointError(
+            f"{where} is damaged: its data position differs from the digest written with it"
+        )
+  except CheckpointError:
+    raise
   # Orbax and TensorStore raise many types for bad bytes (ValueError, OSError, KeyError,
   # json.JSONDecodeError, ...): whatever it is, say which checkpoint it came from.
   except Exception as e:  # noqa: BLE001
@@ -83,6 +164,7 @@ def restore(manager: ocp.CheckpointManager, abstract_state, step: int | None = N
         f"checkpoint step {step} in {manager.directory} cannot be restored: "
         f"{type(e).__name__}: {_first_line(e)}"
     ) from e
+  verify(saved, restored["state"], where)
   return restored["state"], data_state
 
 
@@ -184,22 +266,60 @@ AVERAGED_DIR = "averaged"
 
 
 def save_averaged(workdir: str, params, steps: list[int]) -> str:
-  """Writes averaged parameters to `workdir/averaged` (replacing an older average)."""
+  """Writes averaged parameters to `workdir/averaged` (replacing an older average), and
+  `steps.json`: the steps averaged and the parameters' digest."""
   path = os.path.abspath(os.path.join(workdir, AVERAGED_DIR))
+  record = {"steps": [int(s) for s in steps], "format": DIGEST_FORMAT}
+  record["state"] = {f"params/{k}": v for k, v in digest.tree_digest(params).items()}
+  # An older average's record must not vouch for these parameters while they are written.
+  stale = epath.Path(path) / "steps.json"
+  if distributed.is_chief() and stale.exists():
+    stale.unlink()
+  distributed.sync("checkpoint.save_averaged")
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(os.path.join(path, "params"), params, force=True)
   if distributed.is_chief():
-    with open(os.path.join(path, "steps.json"), "w") as f:
-      json.dump({"steps": [int(s) for s in steps]}, f)
+    files.atomic_write(
+        os.path.join(path, "steps.json"), lambda tmp: epath.Path(tmp).write_text(json.dumps(record))
+    )
   return path
 
 
 def load_averaged(workdir: str, abstract_params):
+  """The averaged parameters, checked against the digest in `averaged/steps.json`."""
   path = os.path.abspath(os.path.join(workdir, AVERAGED_DIR))
   if not os.path.isdir(os.path.join(path, "params")):
     raise FileNotFoundError(
         f"no averaged checkpoint in {path}: run `python -m transformer_jax.average "
         f"--workdir {workdir}` or train with train.average_last > 0"
     )
-  with ocp.StandardCheckpointer() as checkpointer:
-    return checkpointer.restore(os.path.join(path, "params"), abstract_params)
+  where = f"the averaged checkpoint {path}"
+  record = averaged_record(workdir)
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      params = checkpointer.restore(os.path.join(path, "params"), abstract_params)
+  except Exception as e:  # noqa: BLE001 - as in `restore`: name the checkpoint, whatever it is
+    raise CheckpointError(
+        f"{where} cannot be restored: {type(e).__name__}: {_first_line(e)}"
+    ) from e
+  verify(record if record and "state" in record else None, params, where, prefix="params/")
+  return params
+
+
+def averaged_record(workdir: str) -> dict | None:
+  """`averaged/steps.json` ({"steps": [...], and the digest}), or None when there is none."""
+  path = os.path.join(os.path.abspath(workdir), AVERAGED_DIR, "steps.json")
+  if not os.path.exists(path):
+    return None
+  try:
+    record = json.loads(epath.Path(path).read_text())
+    if not isinstance(record, dict) or not isinstance(record.get("steps"), list):
+      raise ValueError("expected an object with a list of steps")
+    if "state" in record:
+      _check_digest_record(record, path)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise CheckpointError(
+        f"{path} is damaged or cut short ({_first_line(e)}): run `python -m "
+        f"transformer_jax.average --workdir {workdir}` to average again"
+    ) from None
+  return record

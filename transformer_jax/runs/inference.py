@@ -18,7 +18,6 @@ average, plot_attention and benchmarks/decode.py.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -60,9 +59,7 @@ def load_config(
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise errors.UserError(f"{workdir} has no config.json: is it the --workdir of a training run?")
-  with open(path) as f:
-    saved = json.load(f)
-  config = config_lib.from_saved(saved)
+  config = config_lib.load_saved(path)  # a damaged file: one line naming it
   config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   if beam_size is not None:
     config.eval.beam_size = beam_size
@@ -118,11 +115,14 @@ def restore_params(workdir: str, step: int, abstract: Any) -> Any:
           path,
           args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True),
       )
+    saved = checkpoint.read_digest(os.path.dirname(path))
   except Exception as e:
     raise checkpoint.CheckpointError(
         f"the parameters of checkpoint step {step} in {path} cannot be restored: "
         f"{type(e).__name__}: {str(e).strip()[:300]}"
     ) from e
+  where = f"checkpoint step {step} in {os.path.dirname(os.path.dirname(path))}"
+  checkpoint.verify(saved, restored["params"], where, prefix="params/")
   return restored["params"]
 
 
@@ -134,11 +134,8 @@ def checkpoint_steps(workdir: str) -> list[int]:
 
 def averaged_steps(workdir: str) -> list[int] | None:
   """The steps `workdir`'s averaged checkpoint (§6.1) was made from, or None if it has none."""
-  path = os.path.join(workdir, checkpoint.AVERAGED_DIR, "steps.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)["steps"]
+  record = checkpoint.averaged_record(workdir)
+  return None if record is None else record["steps"]
 
 
 def average_workdir_params(workdir: str, abstract: Any, num: int) -> tuple[Any, list[int]]:

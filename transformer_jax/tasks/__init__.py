@@ -20,6 +20,7 @@ import json
 import os
 from typing import Any
 
+from transformer_jax import files
 from transformer_jax.errors import UserError
 
 Task = Any  # a tasks.base.Task (not imported here: the base imports the modules that import this)
@@ -103,10 +104,9 @@ def check_command(workdir: str, command: str) -> None:
   """A UserError naming the right command unless `command` decodes the run in `workdir`. A
   workdir without a readable config.json passes: loading the run reports that."""
   try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      saved = json.load(f)
+    saved = files.read_json(os.path.join(workdir, "config.json"))
     task, source = saved_task(saved), saved["data"]["source"]
-  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+  except (UserError, KeyError, TypeError, AttributeError):
     return
   if command_of(task) != command:
     wanted = next((t for t, (_, c) in BUILTIN.items() if c == command), command)

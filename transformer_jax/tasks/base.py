@@ -32,6 +32,10 @@ class Task:
   # Keys of its section a run keeps from its start: they shape its parameters or what they mean
   # (the vocabulary's classes); resuming a workdir under other values is refused (train.py).
   model_keys: tuple[str, ...] = ()
+  # Keys of its section that change what the search writes (a constraint's switch): the values
+  # tune_decoding --try compares, beside config.DECODING_KEYS of config.eval; any other key of
+  # the section is refused there.
+  decoding_keys: tuple[str, ...] = ()
   # Keys its section no longer has (experiments measured and not adopted; docs/experiments.md):
   # key -> (kept(value, section) -> bool, what it was and the commit that has its code). A saved
   # config.json whose value `kept` accepts loads without it; any other is refused, naming both
@@ -101,7 +105,9 @@ class Task:
   def scores(
       self, config: ml_collections.ConfigDict, hypotheses: Sequence[str], pairs: Sequence[Pair]
   ) -> dict:
-    """Validation scores of decoded outputs against the pairs' targets, `metric` among them."""
+    """Validation scores of decoded outputs against the pairs' targets, `metric` among them. The
+    pairs are the eval split's (`config.data.eval_split`): all of them, or the first
+    `eval.num_sentences` during training."""
     raise NotImplementedError
 
   def test_results(
@@ -112,6 +118,7 @@ class Task:
       workdir: str | None,
       tag: str = "",
   ) -> dict:
-    """The test split's scores for results.json; its outputs written to `workdir` if given, in
-    files whose names carry `tag` ("tuned": tune_decoding's) before their extension."""
+    """The test split's (`config.data.test_split`) scores for results.json; its outputs written
+    to `workdir` if given, in files whose names carry `tag` ("tuned": tune_decoding's) before
+    their extension."""
     raise NotImplementedError

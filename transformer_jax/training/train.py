@@ -390,6 +390,8 @@ class MetricLog:
     self.enabled = distributed.is_chief()
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tensorboard = _tensorboard_writer(workdir) if self.enabled else None
+    if self.enabled:
+      _end_last_record(self.path)
 
   def write(self, step: int, kind: str, values: dict):
     if not self.enabled:
@@ -417,6 +419,38 @@ class MetricLog:
       self.tensorboard.close()
 
 
+def _end_last_record(path: str) -> None:
+  """Ends metrics.jsonl with a line end before this session appends to it: a process killed
+  while writing a record can leave the record cut short, which would run into the next one and
+  damage both (plot.read_metrics names such a line). A cut record is dropped, with a warning; a
+  whole one missing only its line end gets it."""
+  if not os.path.exists(path):
+    return
+  with open(path, "rb+") as f:
+    end = keep = f.seek(0, os.SEEK_END)
+    if end == 0:
+      return
+    f.seek(end - 1)
+    if f.read(1) == b"\n":
+      return
+    while keep > 0:  # back, a block at a time, to the last line end
+      start = max(0, keep - 65536)
+      f.seek(start)
+      block = f.read(keep - start)
+      if b"\n" in block:
+        keep = start + block.rfind(b"\n") + 1
+        break
+      keep = start
+    f.seek(keep)
+    try:
+      json.loads(f.read())
+    except ValueError:
+      f.truncate(keep)
+      logging.warning("%s: dropped its last record, cut short (%d bytes)", path, end - keep)
+    else:
+      f.write(b"\n")
+
+
 def _tensorboard_writer(workdir: str):
   try:
     import tensorboardX  # noqa: PLC0415  an optional extra: `pip install .[tensorboard]`
@@ -435,9 +469,9 @@ def _check_workdir_config(workdir: str, config: ml_collections.ConfigDict, task)
   """A workdir belongs to one model: resuming it under a different model config is an error."""
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
-    with open(path) as f:
-      # Mapped to today's layout: keys added since take their defaults, moved keys move.
-      saved = config_lib.from_saved(json.load(f))
+    # Mapped to today's layout: keys added since take their defaults, moved keys move. A damaged
+    # file is refused (one line naming it): the check below is what keeps a workdir one model's.
+    saved = config_lib.load_saved(path)
     saved_model = saved.model.to_dict()
     current = json.loads(config.to_json_best_effort())
     diff = {

@@ -44,6 +44,7 @@ class ParsingTask(base.Task):
   sources = ("ptb",)
   metric = "f1"
   model_keys = ("suffix_letters", "decoder", "chart_hidden")
+  decoding_keys = ("tree_constraints",)
   retired_keys = {
       key: (
           functools.partial(_at, value),

@@ -1,0 +1,117 @@
+"""What the checkpoint digest costs: save and restore of a train state with and without it.
+
+  python benchmarks/checkpoint.py [--config configs/base.py] [--vocab_size 37000] [--repeats 3]
+
+Builds the config's train state (parameters and Adam moments; base: 63M parameters, 0.76 GB of
+float32 state) on this process's devices, then, alternating in one process, saves it as a run
+does (`checkpoint.save`: the state, the data position and the digest of runs/digest.py) and as
+Orbax alone would (the same Composite without the digest item), until each save is on disk; and
+restores it as a resumed run does (`checkpoint.restore`, which verifies) and without the check.
+Also the digest alone, over the state in memory. Medians of `--repeats`; one JSON line.
+"""
+
+import json
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from anywhere
+
+from benchmarks import machine  # noqa: E402
+
+_CONFIG = flags.DEFINE_string("config", "configs/base.py", "The config whose model to save.")
+_VOCAB = flags.DEFINE_integer("vocab_size", 37000, "Vocabulary size (base: §5.1's 37,000).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Repeats per figure (the median is reported).")
+
+
+def _seconds(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def main(argv):
+  del argv
+  import importlib.util  # noqa: PLC0415
+
+  import jax  # noqa: PLC0415
+  import orbax.checkpoint as ocp  # noqa: PLC0415
+
+  from transformer_jax import config as config_lib  # noqa: PLC0415
+  from transformer_jax.runs import checkpoint, digest  # noqa: PLC0415
+  from transformer_jax.training import train  # noqa: PLC0415
+
+  spec = importlib.util.spec_from_file_location("bench_config", _CONFIG.value)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(None)
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+  trainer = train.Trainer(
+      config, config_lib.model_config(config, _VOCAB.value), devices=jax.devices()[:1]
+  )
+  state = trainer.init_state(0)
+  abstract = trainer.abstract_state()
+  data = {"epoch": 0, "position": 12345, "train_seconds": 1.0}
+  leaves = jax.tree.leaves(state)
+  state_bytes = sum(x.size * x.dtype.itemsize for x in leaves)
+  params = sum(x.size for x in jax.tree.leaves(state.params))
+
+  root = pathlib.Path(tempfile.mkdtemp(prefix="checkpoint_bench_"))
+  times = {k: [] for k in ("save", "save_digest", "restore", "restore_verified", "digest")}
+  try:
+    digest.tree_digest(state)  # compiles its programs once, as a run's first save does
+    for repeat in range(_REPEATS.value):
+      for kind in ("save", "save_digest"):
+        workdir = root / f"{kind}{repeat}"
+        manager = checkpoint.make_manager(str(workdir), keep=1, save_every=1)
+        if kind == "save_digest":
+          save = lambda m=manager: checkpoint.save(m, 1, state, data, force=True)
+        else:
+          args = ocp.args.Composite(
+              state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data)
+          )
+          save = lambda m=manager, a=args: m.save(1, args=a, force=True)
+        times[kind].append(_seconds(lambda s=save, m=manager: (s(), m.wait_until_finished())))
+        if kind == "save_digest":
+          times["restore_verified"].append(
+              _seconds(lambda m=manager: jax.block_until_ready(checkpoint.restore(m, abstract, 1)))
+          )
+          args = ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()
+          )
+          times["restore"].append(
+              _seconds(lambda m=manager, a=args: jax.block_until_ready(m.restore(1, args=a)))
+          )
+        manager.close()
+        shutil.rmtree(workdir)
+      times["digest"].append(_seconds(lambda: digest.tree_digest(state)))
+  finally:
+    shutil.rmtree(root, ignore_errors=True)
+  med = {k: round(statistics.median(v), 3) for k, v in times.items()}
+  print(
+      json.dumps(
+          {
+              "benchmark": "checkpoint",
+              "config": _CONFIG.value,
+              "parameters": int(params),
+              "state_bytes": int(state_bytes),
+              "arrays": len(leaves),
+              "repeats": _REPEATS.value,
+              **{f"{k}_s": v for k, v in med.items()},
+              "save_ratio": round(med["save_digest"] / med["save"], 3),
+              "restore_ratio": round(med["restore_verified"] / med["restore"], 3),
+              "all_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+              "device": jax.devices()[0].device_kind,
+              **machine.describe(),
+          }
+      )
+  )
+
+
+if __name__ == "__main__":
+  app.run(main)
