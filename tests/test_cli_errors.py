@@ -33,7 +33,12 @@ def _variants(name: str) -> list[str]:
   """The variants (`--config configs/NAME:VARIANT`) each config file accepts."""
   if name == "table3.py":
     return list(_config_module(name).PAPER)
-  variants = {"big.py": ["enfr"], "quickstart.py": ["smoke"], "parsing_sample.py": ["chart"]}
+  variants = {
+      "big.py": ["enfr"],
+      "quickstart.py": ["smoke"],
+      "parsing_sample.py": ["chart"],
+      "multi30k.py": ["tiny"],
+  }
   return variants.get(name, [])
 
 

@@ -2,16 +2,33 @@
 
 Reads the synthetic task, a directory of parallel text files or a TFDS dataset (data/); scores
 with sacreBLEU (tasks/bleu.py) and writes the test translations to test_translations.txt.
+
+Two BLEU scores, on the eval split (`scores`) and the test split (`test_results`):
+  bleu              cased sacreBLEU on detokenized text (13a): the headline, and the `metric`
+                    tune_decoding chooses by.
+  bleu_lc_norm_tok  lowercased, punctuation-normalized, Moses-tokenized hypotheses against the
+                    dataset's tokenized references (the Multi30k papers' BLEU, bleu.multi30k_bleu):
+                    `config.translation.tokenized_{eval,test}_references`, files beside a text
+                    source's splits, else the raw references processed the same way.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Sequence
 
-from transformer_jax.data import pipeline
+import ml_collections
+
+from transformer_jax import errors
+from transformer_jax.data import pipeline, text
 from transformer_jax.tasks import base, bleu
 
 TEST_TRANSLATIONS = "test_translations.txt"
+MADE_FROM_RAW = "made from raw"  # results.json: no tokenized references file was read
+
+# The split key of `scores` ("eval") and `test_results` ("test") -> its config.data split name.
+_SPLIT_NAMES = {"eval": "eval_split", "test": "test_split"}
 
 
 class TranslationTask(base.Task):
@@ -20,19 +37,63 @@ class TranslationTask(base.Task):
   sources = ("synthetic", "text", "tfds")
   metric = "bleu"
 
+  def config_section(self):
+    s = ml_collections.ConfigDict()
+    # The dataset's own tokenized references of the eval and test splits, for bleu_lc_norm_tok:
+    # paths relative to data.path (text source), line i being line i of the split's
+    # `{split}.{target_lang}` lowercased, punctuation-normalized and Moses-tokenized (Multi30k's
+    # tok/*.lc.norm.tok.de). "" or a file that is not there: the raw references are processed
+    # as the hypotheses are (bleu.lc_norm_tok), and results.json says so.
+    s.tokenized_eval_references = ""
+    s.tokenized_test_references = ""
+    return s
+
+  def validate(self, config, check):
+    # A tokenized reference file of the wrong length fails here, not after training.
+    for key in _SPLIT_NAMES:
+      field = f"translation.tokenized_{key}_references"
+      given = config.translation[f"tokenized_{key}_references"]
+      if not given:
+        continue
+      check(config.data.source == "text", field, "is read beside a text source's files, or ''")
+      path, raw_path = _paths(config, key)
+      if not os.path.isfile(path):
+        logging.warning(
+            "%s: %s is not there; bleu_lc_norm_tok makes its references from %s",
+            field,
+            path,
+            raw_path,
+        )
+      else:
+        lines, raw_lines = text.count_lines(path), text.count_lines(raw_path)
+        _check_lengths(path, lines, raw_path, raw_lines, f"config.{field}")
+
   def load_dataset(self, config, workdir, splits):
     return pipeline.load_corpus(config, workdir, splits)
 
   def scores(self, config, hypotheses, pairs):
-    corpus = bleu.corpus_bleu(hypotheses, [t for _, t in pairs])
-    return {"bleu": corpus.score, "length_ratio": corpus.sys_len / max(corpus.ref_len, 1)}
+    """Cased sacreBLEU (`bleu`, the metric) and its `length_ratio`, and `bleu_lc_norm_tok`
+    (module docstring) of the eval split's pairs."""
+    references = [t for _, t in pairs]
+    corpus = bleu.corpus_bleu(hypotheses, references)
+    tokenized, _ = tokenized_references(config, "eval", references)
+    papers = bleu.multi30k_bleu(hypotheses, tokenized, config.data.target_lang)
+    return {
+        "bleu": corpus.score,
+        "length_ratio": corpus.sys_len / max(corpus.ref_len, 1),
+        "bleu_lc_norm_tok": papers.score,
+    }
 
   def test_results(self, config, hypotheses, pairs, workdir, tag=""):
-    """Test sacreBLEU and tokenized BLEU; the translations go to test_translations.txt (with
-    `tag`, test_translations.TAG.txt)."""
+    """Test cased sacreBLEU (`test_bleu`), the Multi30k papers' BLEU (`test_bleu_lc_norm_tok`,
+    against the file `test_bleu_lc_norm_tok_references` names, or references "made from raw"),
+    and the tokenized BLEU of bleu.tokenized_bleu; the translations go to test_translations.txt
+    (with `tag`, test_translations.TAG.txt)."""
     references = [t for _, t in pairs]
     corpus = bleu.corpus_bleu(hypotheses, references)
     lang = config.data.target_lang
+    processed, made = tokenized_references(config, "test", references)
+    papers = bleu.multi30k_bleu(hypotheses, processed, lang)
     tokenized = bleu.tokenized_bleu(hypotheses, references, lang)
     tokenized_lowercase = bleu.tokenized_bleu(hypotheses, references, lang, lowercase=True)
     if workdir is not None:
@@ -42,9 +103,54 @@ class TranslationTask(base.Task):
     return {
         "test_bleu": float(corpus.score),
         "test_bleu_signature": str(corpus),
+        "test_bleu_lc_norm_tok": float(papers.score),
+        "test_bleu_lc_norm_tok_references": made,
         "test_tokenized_bleu": float(tokenized.score),
         "test_tokenized_bleu_lowercase": float(tokenized_lowercase.score),
     }
+
+
+def tokenized_references(
+    config: ml_collections.ConfigDict, key: str, references: Sequence[str]
+) -> tuple[list[str], str]:
+  """The lowercased, punctuation-normalized, Moses-tokenized form of `references` (targets of
+  split `key`, "eval" or "test", all or some of them), and where it came from: the path of
+  `config.translation.tokenized_{key}_references`, whose line i is that of line i of the
+  split's target file, or MADE_FROM_RAW (bleu.lc_norm_tok of each reference)."""
+  lang = config.data.target_lang
+  given = config.translation[f"tokenized_{key}_references"]
+  path, raw_path = _paths(config, key) if given else (None, None)
+  if path is None or not os.path.isfile(path):
+    made = f"{MADE_FROM_RAW} ({path} is not there)" if path else MADE_FROM_RAW
+    return [bleu.lc_norm_tok(r, lang) for r in references], made
+  raw, tokenized = text.read_lines(raw_path), text.read_lines(path)
+  field = f"config.translation.tokenized_{key}_references"
+  _check_lengths(path, len(tokenized), raw_path, len(raw), field)
+  # By the stripped raw line, as the text source gives its targets: the pairs scored may be the
+  # first of the split (eval.num_sentences) and skip a line with an empty side.
+  by_raw = {r.strip(): t.strip() for r, t in zip(raw, tokenized)}
+  missing = next((r for r in references if r not in by_raw), None)
+  if missing is not None:
+    raise errors.UserError(
+        f"{raw_path} has no line {missing!r}: the references scored are not that split's, "
+        f"whose tokenized form {path} ({field}) is"
+    )
+  return [by_raw[r] for r in references], path
+
+
+def _paths(config: ml_collections.ConfigDict, key: str) -> tuple[str, str]:
+  """The tokenized references file of split `key` and the raw target file it is aligned with."""
+  d = config.data
+  path = os.path.join(d.path, config.translation[f"tokenized_{key}_references"])
+  return path, text.split_path(d.path, d[_SPLIT_NAMES[key]], d.target_lang)
+
+
+def _check_lengths(path: str, lines: int, raw_path: str, raw_lines: int, field: str) -> None:
+  if lines != raw_lines:
+    raise errors.UserError(
+        f"{path} has {lines} lines but {raw_path} has {raw_lines}: {field} must hold the "
+        "split's references line by line, tokenized (or be '' to make them from the raw ones)"
+    )
 
 
 TASK = TranslationTask()
