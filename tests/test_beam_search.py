@@ -472,6 +472,7 @@ def _alternating_candidates(log_probs, prefixes, limit, inputs):
   return decode.Candidates(jnp.take_along_axis(dense, ids, axis=-1), ids)
 
 
+@pytest.mark.slow  # ~10 s on 2 cores: .ci/run runs it after the default suite
 def test_a_constraint_may_answer_with_a_few_candidates_and_the_searches_are_the_same():
   params, inputs = tiny_model()
   limit = jnp.full(inputs.shape[:1], N, jnp.int32)
@@ -865,6 +866,7 @@ def _uneven_batch(rows: int = 16) -> np.ndarray:
   return inputs
 
 
+@pytest.mark.slow  # ~10 s on 2 cores: .ci/run runs it after the default suite
 def test_shape_policies_give_the_same_translations_from_fewer_programs():
   # batch_shapes.SHAPES (eval.shapes, translate --shapes) choose only which batch shapes are
   # compiled: "few" (no smaller batch under 32 rows here) compiles fewer programs than "fast"

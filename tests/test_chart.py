@@ -203,6 +203,7 @@ def test_chart_parser_keeps_the_parameter_names_of_the_old_chart_model():
     )
 
 
+@pytest.mark.slow  # ~10 s on 2 cores: .ci/run runs it after the default suite
 def test_span_chart_reads_each_sentence_alone():
   """Padding and the other rows change nothing of a sentence's span and tag scores."""
   model = chart_model.ChartParser(_chart_config(deterministic=True), labels=4, tags=3, hidden=8)
@@ -278,6 +279,7 @@ def test_log_partition_sums_over_every_binary_tree():
   np.testing.assert_allclose(grads.sum(axis=(1, 2)), 2 * lengths - 1, rtol=1e-5)
 
 
+@pytest.mark.slow  # ~10 s on 2 cores: .ci/run runs it after the default suite
 def test_tree_loss_is_the_gold_binary_tree_negative_log_probability():
   """tree_cross_entropy: -log P(the gold tree's binarization, labeled) over every binary tree
   with every labeling, by enumeration; the targets' splits and words are that binarization."""

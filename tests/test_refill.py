@@ -63,6 +63,7 @@ def _strip(tokens) -> list[int]:
   return tokens[: tokens.index(EOS_ID) + 1] if EOS_ID in tokens else tokens
 
 
+@pytest.mark.slow  # ~10 s on 2 cores: .ci/run runs it after the default suite
 def test_refill_gives_each_sentence_its_greedy_search_alone():
   """37 sentences in 4 rows, 2 at a time: rows refill at different steps, the ring of 15
   columns wraps several times, a last chunk of one is padded, and the tail goes on in 2 rows.
