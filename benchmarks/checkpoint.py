@@ -85,7 +85,9 @@ def main(argv):
               state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()
           )
           times["restore"].append(
-              _seconds(lambda m=manager, a=args: jax.block_until_ready(m.restore(1, args=a)))
+              _seconds(
+                  lambda m=manager, a=args: jax.block_until_ready(m.restore(1, args=a)["state"])
+              )
           )
         manager.close()
         shutil.rmtree(workdir)

@@ -74,3 +74,21 @@ def test_throughput_times_the_first_batch_as_training_reads_it_packed(tmp_path):
   # target tokens than one pair per row could give, ~tokens_per_batch positions in all.
   assert source_len == target_len == 32 and rows == 256 // 32
   assert r["target_tokens_per_step"] > 0.8 * rows * 32
+
+
+@pytest.mark.subprocess
+def test_checkpoint_benchmark_times_saves_and_restores_with_and_without_the_digest():
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  command = [sys.executable, "benchmarks/checkpoint.py", "--config", "configs/quickstart.py"]
+  out = subprocess.run(
+      [*command, "--vocab_size", "64", "--repeats", "1"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert out.returncode == 0, out.stderr[-3000:]
+  (line,) = [line for line in out.stdout.splitlines() if line.startswith("{")]
+  result = json.loads(line)
+  assert result["benchmark"] == "checkpoint" and result["parameters"] > 0
+  assert result["state_bytes"] >= 4 * result["parameters"]  # float32 parameters and moments
+  for key in ("save", "save_digest", "restore", "restore_verified", "digest"):
+    assert result[f"{key}_s"] > 0 and len(result["all_s"][key]) == 1
+  assert result["processor"] and result["cpus"] >= 1
