@@ -121,11 +121,12 @@ def tree_digest(tree: Any) -> dict[str, str]:
   for i, sums in enumerate(partial):
     for s in sums:
       totals[i] += np.asarray(s, np.uint64)
+  totals &= mask
   if jax.process_count() > 1:  # each process holds some shards: add up every process's sums
     from jax.experimental import multihost_utils
 
-    totals = np.asarray(multihost_utils.process_allgather(totals), np.uint64).sum(axis=0)
-  totals &= mask
+    gathered = multihost_utils.process_allgather(totals.astype(np.uint32))  # [processes, n, 2]
+    totals = np.asarray(gathered, np.uint64).sum(axis=0) & mask
   return {
       path_name(path): f"{_describe(x)}:{int(t[0]):08x}{int(t[1]):08x}"
       for (path, _), x, t in zip(leaves, arrays, totals)
