@@ -90,10 +90,13 @@ def _data_files(directory):
   return files
 
 
-def _flip_bytes(path, count=3):
+def _flip_bytes(path, every=97):
+  """One byte in `every` flipped, through the whole file: where Orbax puts the parameters among
+  the moments varies from save to save, so a few flips could miss them (and then, rightly, the
+  parameters restore)."""
   data = bytearray(path.read_bytes())
-  for k in range(count):
-    data[(k + 1) * len(data) // (count + 2)] ^= 0x5A
+  for k in range(every // 2, len(data), every):
+    data[k] ^= 0x5A
   path.write_bytes(bytes(data))
 
 
