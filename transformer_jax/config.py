@@ -159,8 +159,8 @@ def eval_section() -> ml_collections.ConfigDict:
   # When the beam search leaves a sentence (§6.1: "terminate early when possible"): "proven",
   # once no alive hypothesis can beat the best finished one (the result of searching to the
   # output limit); "k_finished", also once beam_size hypotheses have finished (CTranslate2's and
-  # fairseq's rule; a deviation, off by default): ~1.3x faster beam 4 on Multi30k, 1.7% of
-  # translations differ (docs/translation.md).
+  # fairseq's rule; a deviation, off by default): faster, and a few translations differ (figures
+  # in docs/translation.md).
   s.beam_stop = "proven"
   # The search's batch shapes (batch_shapes.py): "fast" decodes fastest once compiled; "few"
   # compiles ~5x fewer programs, so a first call on a new machine returns ~2x sooner; "auto":
@@ -168,13 +168,13 @@ def eval_section() -> ml_collections.ConfigDict:
   # same translations (on a GPU, all but a few near-ties: shapes change the order of sums).
   s.shapes = "auto"
   # Greedy search on one CPU device searches a whole call in rows that a finished sentence
-  # leaves and the next joins (decoding/refill.py): the same translations, 1.1-1.2x the speed
-  # and ~3x sooner on a first call (Multi30k, 2 CPU cores); False: in batches, as beam search.
+  # leaves and the next joins (decoding/refill.py): the same translations, faster where it was
+  # measured (docs/experiments.md); False: in batches, as beam search.
   s.refill = True
   # The encoder's and decoder's matmuls when decoding (model/config.py `matmul_dtype`): "" in the
   # model's dtype; "bfloat16" (a deviation, off by default) rounds their inputs to bf16 and sums
-  # in float32: on a CPU with bf16 dot products beam 4 ~1.45x and greedy ~1.2x the speed, and
-  # ~3% of translations change (Multi30k, 2 Zen 4 cores; docs/translation.md).
+  # in float32: faster on a CPU with bf16 dot products, and some translations change (figures in
+  # docs/translation.md).
   s.matmul_dtype = ""
   return s
 

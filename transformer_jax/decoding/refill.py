@@ -67,8 +67,7 @@ class RefillGreedy:
 
   decoder: IncrementalDecoder  # normalize=False: greedy takes the first maximum of the logits
   extra: int
-  # 256 rows, 16 at a time: 499-507 sentences/s against 462-470 for 128 (and 512 for 256 rows
-  # 32 at a time, 462 for 512 rows) on the Multi30k model, 2 CPU cores (docs/experiments.md).
+  # 256 rows, 16 at a time: the fastest of the sizes measured (docs/experiments.md, refilled rows).
   # The caches hold rows x (W + S) keys and values per decoder layer: ~2.8 GB for
   # configs/base.py (6 layers, d_model 512, float32) at W = 250 and S = 200.
   rows: int = 256
