@@ -226,6 +226,7 @@ def test_chain_tokens_and_classes_are_sorted_and_unique():
   assert list(itertools.chain(labels)) == sorted(labels)
 
 
+@pytest.mark.slow  # 5-10 s on 2 cores: .ci/run runs it after the default suite
 @pytest.mark.parametrize("order", trees.ORDERS)
 @pytest.mark.parametrize("words", [False, True])
 def test_chart_search_writes_trees_over_the_input_words(order, words):

@@ -95,6 +95,7 @@ def test_rows_are_a_multiple_of_the_chunk():
     refill.RefillGreedy(DECODER, EXTRA, rows=6, chunk=4)
 
 
+@pytest.mark.slow  # 5-10 s on 2 cores: .ci/run runs it after the default suite
 def test_decode_sources_refills_greedy_only_where_measured():
   """The one decoding path refills greedy search on one CPU device without a constraint, with
   the translations of the batches; beam search, a constraint or several devices go in batches."""

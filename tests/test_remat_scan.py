@@ -123,6 +123,7 @@ def test_scanned_parameters_shard_with_the_layers_axis_replicated():
   assert abstract.shape == (2, 32, 4, 8) and abstract.sharding == query
 
 
+@pytest.mark.slow  # 5-10 s on 2 cores: .ci/run runs it after the default suite
 def test_scanned_model_decodes_with_per_layer_caches(params):
   """Cached decoding of a scanned model equals its own full forward pass, and the cache keeps
   the unrolled layout (keys [b, h, d, n] per layer, one beam slot) that beam search writes into."""

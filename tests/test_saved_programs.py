@@ -68,6 +68,7 @@ def _refilling():
   return predictor
 
 
+@pytest.mark.slow  # 5-10 s on 2 cores: .ci/run runs it after the default suite
 def test_refilled_rows_run_exported_and_a_later_run_traces_nothing(tmp_path):
   """Greedy search in refilled rows keeps its programs as the batches' do: a later Predictor
   reads every one, traces none, and translates as the jitted search; a loaded program takes

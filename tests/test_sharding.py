@@ -179,6 +179,7 @@ def test_dimensions_that_do_not_divide_are_replicated():
   assert shardings["count"].spec == PartitionSpec()
 
 
+@pytest.mark.slow  # 5-10 s on 2 cores: .ci/run runs it after the default suite
 def test_checkpoint_saved_under_fsdp_restores_on_other_meshes(reference, tmp_path):
   saver = make_trainer(tiny_config({"fsdp": 8}, "fsdp"))
   state = jax.device_put(reference["final"], saver.state_shardings)

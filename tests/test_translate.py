@@ -105,6 +105,7 @@ def test_translations_do_not_depend_on_the_references(trained_run):
   assert run.decode_ids(sources, batch_tokens=8) == out  # the fewest rows: 8 devices
 
 
+@pytest.mark.slow  # 5-10 s on 2 cores: .ci/run runs it after the default suite
 def test_the_final_evaluation_translates_as_translate_does(trained_run, monkeypatch):
   """results.json's test BLEU comes from the path `translate` takes: the same function, the
   same translations, the same score (the run averaged its checkpoints; "auto" loads that)."""

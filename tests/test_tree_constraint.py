@@ -231,6 +231,7 @@ def test_in_order_under_a_limit_too_tight_for_a_tree_writes_a_flat_forest(words)
   assert restored.repairs == 1 and restored.tree.words() == sentence
 
 
+@pytest.mark.slow  # 5-10 s on 2 cores: .ci/run runs it after the default suite
 def test_renormalizes_over_the_legal_tokens():
   _, tokenizer, tokens, tree_constraint = _setup("labeled", True)
   source = _pad(tokenizer.encode("Pierre Vinken") + [EOS_ID], S)[None]
