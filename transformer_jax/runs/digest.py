@@ -55,10 +55,8 @@ def _words(x: jax.Array) -> jax.Array:
   if x.dtype == jnp.bool_:
     return x.astype(jnp.uint32)
   size = jnp.dtype(x.dtype).itemsize
-  if size == 4:
-    return jax.lax.bitcast_convert_type(x, jnp.uint32)
-  if size == 8:
-    return jax.lax.bitcast_convert_type(x, jnp.uint32)  # [..., 2]
+  if size in (4, 8):
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8 bytes: [..., 2]
   unsigned = {1: jnp.uint8, 2: jnp.uint16}[size]
   return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
 
