@@ -3,7 +3,7 @@
   python benchmarks/beam_work.py --workdir DIR [--input FILE] [--beam_size 4]
       [--batch_tokens 2048] [--limit N]
 
-Each sentence is searched with `decode.Beam` (the run's α and output limits, the §6.1 beam the
+Each sentence is searched with `search.Beam` (the run's α and output limits, the §6.1 beam the
 `Predictor` runs, in the batches `inference.decode_batches` makes) one step at a time, and after
 every step the host reads which sentences are done under each stop rule (eval.beam_stop:
 `proven`, the default, and `k_finished`, CTranslate2's and fairseq's). A sentence leaves at once
@@ -71,14 +71,14 @@ def main(argv):
   import numpy as np
 
   from transformer_jax.data import pipeline
-  from transformer_jax.decoding import batch_shapes, decode
+  from transformer_jax.decoding import batch_shapes, search
   from transformer_jax.runs import inference
 
   run = inference.load_run(_WORKDIR.value, shapes="fast")
   sources = sentences.source_ids(run, _WORKDIR.value, _INPUT.value, _LIMIT.value)
   k, alpha = _BEAM.value, jnp.float32(run.alpha)
   decoder, extra = run.predictor.decoder, run.predictor.max_decode_extra
-  rules = {stop: decode.Beam(k, best_only=True, stop=stop) for stop in batch_shapes.STOPS}
+  rules = {stop: search.Beam(k, best_only=True, stop=stop) for stop in batch_shapes.STOPS}
   proven = rules["proven"]
   sentence_steps = dict.fromkeys(rules, 0)
   live = 0
@@ -87,10 +87,10 @@ def main(argv):
     real = index >= 0  # [b]: a sentence, not a filler row
     n = min(inputs.shape[1] + extra, run.model_config.max_len)
     log_probs, beams, sentence = decoder.start(run.params, inputs, n)
-    state = proven.init(log_probs, decode.output_limits(inputs, extra, n), n, alpha)
-    beams = decoder.add_beams(beams, k)
-    step_fn = decoder.step_fn(run.params, inputs, sentence)
-    step = jax.jit(lambda state, beams: proven.step(step_fn, state, beams, alpha))  # noqa: B023
+    state = proven.init(log_probs, search.output_limits(inputs, extra, n), n, alpha)
+    beams = decoder.widen(beams, k)
+    model = search.Stepper(decoder.step_fn(run.params, inputs, sentence), decoder.follow)
+    step = jax.jit(lambda state, beams: proven.step(model, state, beams, alpha))  # noqa: B023
     while True:
       done = {stop: np.asarray(rule.done(state, alpha)) | ~real for stop, rule in rules.items()}
       if done["proven"].all():

@@ -11,11 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from variants import MODELS
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.decoding import batch_shapes, compilation, decode, top_k
+from transformer_jax.decoding import batch_shapes, compilation, decode, search, top_k
+from transformer_jax.decoding import decoder as decoder_lib
 from transformer_jax.decoding.batch_shapes import Shapes
-from transformer_jax.model import incremental, kv_cache
 from transformer_jax.model.transformer import Transformer, TransformerConfig
 
 A, B = 3, 4  # the two real tokens of the hand-made distributions (vocabulary of 5)
@@ -27,12 +28,12 @@ A, B = 3, 4  # the two real tokens of the hand-made distributions (vocabulary of
 def test_length_penalty_is_the_gnmt_formula():
   for length in (1, 2, 7, 50):
     for alpha in (0.0, 0.6, 1.0, 2.0):
-      assert decode.length_penalty(length, alpha) == pytest.approx(((5 + length) / 6) ** alpha)
-  assert decode.length_penalty(1, 0.6) == pytest.approx(1.0)  # lp(1) = 1 for any α
-  assert decode.length_penalty(9, 0.0) == 1.0  # α = 0: plain log-probability
-  assert decode.length_penalty(4, 0.6) == pytest.approx(1.5**0.6)
+      assert search.length_penalty(length, alpha) == pytest.approx(((5 + length) / 6) ** alpha)
+  assert search.length_penalty(1, 0.6) == pytest.approx(1.0)  # lp(1) = 1 for any α
+  assert search.length_penalty(9, 0.0) == 1.0  # α = 0: plain log-probability
+  assert search.length_penalty(4, 0.6) == pytest.approx(1.5**0.6)
   lengths = jnp.arange(1, 10)  # arrays too, and lp grows with length for α > 0
-  assert jnp.all(jnp.diff(decode.length_penalty(lengths, 0.6)) > 0)
+  assert jnp.all(jnp.diff(search.length_penalty(lengths, 0.6)) > 0)
 
 
 # ----------------------------------------------------------------------------- hand-made models
@@ -43,7 +44,7 @@ class TableModel:
 
   tables[i] maps a prefix (tuple of generated tokens) to {token: probability}; prefixes not listed
   use default[i]. The cache holds what each beam slot wrote at each position (the search's slot
-  table must name the right slots for the lookups to stay right), each row's sentence, and a
+  rows must follow their parents for the lookups to stay right), each row's sentence, and a
   scalar leaf shared by all rows.
   `poison_from`: steps at that position or later return log P(EOS) = +100, an impossible value
   that would win if such a step were ever taken.
@@ -95,18 +96,15 @@ def _search_table(table, alpha, max_len, beam_size, poison_from, stop):
   batch, _, vocab = table.shape
   powers = (vocab + 1) ** jnp.arange(max_len)  # prefix code: sum_j (token_j + 1) * (v + 1)^j
 
-  def step_fn(tokens, cache, position, slots):
-    # Like the Transformer's KV cache: row j of sentence i writes its input token (chosen at
-    # position - 1) into its own slot (row i*k + j) at `position`, and reads its prefix's earlier
-    # positions q from the slots the search names, slots[i, j, q]. The search never reorders the
-    # cache, so a wrong slot table would look up the wrong prefixes.
-    batch, beams, n = slots.shape
-    written = cache["written"].at[:, position].set(tokens)  # [rows, n]
+  def step_fn(tokens, cache, position):
+    # Like a decoding cache: each row writes its input token (chosen at position - 1) at
+    # `position`, and the search makes each row follow its parent (the default `follow`
+    # gathers the rows), so a row's tokens are its prefix: a wrong reordering would look up the
+    # wrong prefixes.
+    n = cache["written"].shape[1]
+    written = cache["written"].at[:, position].set(tokens)  # [rows, n]: position q holds q - 1
     q = jnp.arange(n)
-    holder = jnp.where(q == position, jnp.arange(beams)[None, :, None], slots)  # [b, k, n]
-    holder_rows = (jnp.arange(batch)[:, None, None] * beams + holder).reshape(batch * beams, n)
-    prefix = written[holder_rows, q[None, :]]  # [rows, n]: position q holds token q - 1
-    code = jnp.sum((prefix[:, 1:] + 1) * jnp.where(q[1:] <= position, powers[:-1], 0), axis=-1)
+    code = jnp.sum((written[:, 1:] + 1) * jnp.where(q[1:] <= position, powers[:-1], 0), axis=-1)
     log_probs = table[cache["sentence"], code]  # [rows, v]
     if poison_from is not None:
       poisoned = log_probs.at[:, EOS_ID].set(100.0)
@@ -123,7 +121,7 @@ def _search_table(table, alpha, max_len, beam_size, poison_from, stop):
       "steps": jnp.array(0, jnp.int32),  # a scalar leaf: shared by all rows
   }
   first_log_probs = table[:, 0]  # the empty prefix
-  tokens, scores, _ = decode.beam_search_with_step_fn(
+  tokens, scores, _ = search.beam_search_with_step_fn(
       step_fn, first_log_probs, cache, max_len, beam_size, alpha, stop=stop
   )
   return tokens, scores
@@ -140,7 +138,7 @@ def assert_scores_are_recomputed(model, tokens, scores, alpha):
       if eos.size:
         assert np.all(row[eos[0] + 1 :] == PAD_ID), row  # a finished hypothesis is never extended
       log_p, length = model.log_prob(s, row.tolist())
-      assert score == pytest.approx(log_p / decode.length_penalty(length, alpha), rel=1e-5)
+      assert score == pytest.approx(log_p / search.length_penalty(length, alpha), rel=1e-5)
 
 
 # A short hypothesis "A EOS" with the higher probability and a long one "B B B EOS" with a lower
@@ -159,8 +157,8 @@ UNIFORMISH = {EOS_ID: 0.2, A: 0.4, B: 0.4}
 def test_length_penalty_decides_between_short_and_long(alpha):
   model = TableModel([FLIP], [UNIFORMISH], max_len=4)
   tokens, scores = model.search(beam_size=2, alpha=alpha)
-  short = math.log(0.55 * 0.6) / decode.length_penalty(2, alpha)
-  long = math.log(0.45 * 0.99 * 0.99 * 0.6) / decode.length_penalty(4, alpha)
+  short = math.log(0.55 * 0.6) / search.length_penalty(2, alpha)
+  long = math.log(0.45 * 0.99 * 0.99 * 0.6) / search.length_penalty(4, alpha)
   # By hand: α = 0: -1.109 vs -1.330; α = 0.6: -1.011 vs -1.043; α = 1: -0.950 vs -0.886.
   expected = [[A, EOS_ID, PAD_ID, PAD_ID], [B, B, B, EOS_ID]]
   if alpha == 1.0:
@@ -185,7 +183,7 @@ def test_finished_hypotheses_are_never_extended():
   np.testing.assert_array_equal(tokens[0, 0], [EOS_ID, PAD_ID, PAD_ID])
   assert scores[0, 0] == pytest.approx(math.log(0.7))
   np.testing.assert_array_equal(tokens[0, 1], [A, EOS_ID, PAD_ID])
-  assert scores[0, 1] == pytest.approx(math.log(0.3 * 0.6) / decode.length_penalty(2, 0.6))
+  assert scores[0, 1] == pytest.approx(math.log(0.3 * 0.6) / search.length_penalty(2, 0.6))
   assert_scores_are_recomputed(model, tokens, scores, 0.6)
 
 
@@ -200,7 +198,7 @@ def test_unfinished_hypotheses_are_returned_only_when_nothing_finished():
   assert not np.any(tokens[1] == EOS_ID)
   np.testing.assert_array_equal(tokens[1], [[A, A, A, A], [B, A, A, A]])
   # Alive hypotheses are scored as what they are: log P(prefix) / lp(n), no EOS.
-  assert scores[1, 0] == pytest.approx(math.log(0.6 * 0.7**3) / decode.length_penalty(4, 0.6))
+  assert scores[1, 0] == pytest.approx(math.log(0.6 * 0.7**3) / search.length_penalty(4, 0.6))
   assert_scores_are_recomputed(model, tokens, scores, 0.6)
 
 
@@ -225,7 +223,7 @@ def test_search_stops_once_no_alive_hypothesis_can_win():
   tokens, scores = model.search(beam_size=2, alpha=0.6)
   np.testing.assert_array_equal(tokens[0, :, :3], [[EOS_ID, PAD_ID, PAD_ID], [A, EOS_ID, PAD_ID]])
   np.testing.assert_allclose(
-      scores[0], [math.log(0.7), math.log(0.18) / decode.length_penalty(2, 0.6)], rtol=1e-5
+      scores[0], [math.log(0.7), math.log(0.18) / search.length_penalty(2, 0.6)], rtol=1e-5
   )
   # The poison check itself works: where the bound does not hold, step 2 runs and its +100 wins.
   _, poisoned = TableModel([GOES_ON], [UNIFORMISH], max_len=6, poison_from=2).search(2, 0.6)
@@ -240,18 +238,18 @@ def test_k_finished_stops_once_k_hypotheses_have_finished():
   tokens, scores = model.search(beam_size=2, alpha=0.6, stop="k_finished")
   np.testing.assert_array_equal(tokens[0, :, :3], [[EOS_ID, PAD_ID, PAD_ID], [A, EOS_ID, PAD_ID]])
   np.testing.assert_allclose(
-      scores[0], [math.log(0.7), math.log(0.08) / decode.length_penalty(2, 0.6)], rtol=1e-5
+      scores[0], [math.log(0.7), math.log(0.08) / search.length_penalty(2, 0.6)], rtol=1e-5
   )
   # With k = 3 the same two are not enough ("B EOS" ranks 4th at step 1): step 2 runs.
   _, poisoned = model.search(beam_size=3, alpha=0.6, stop="k_finished")
   assert poisoned[0, 0] > 0
   # Where the proven rule stops first (STOPS, k = 2, one finished at step 0), it still does.
   stops_first = TableModel([STOPS], [UNIFORMISH], max_len=6, poison_from=2)
-  for stop in decode.STOPS:
+  for stop in search.STOPS:
     tokens, _ = stops_first.search(beam_size=2, alpha=0.6, stop=stop)
     np.testing.assert_array_equal(tokens[0, 0, :2], [EOS_ID, PAD_ID])
   with pytest.raises(ValueError, match="stop='k_best'"):
-    decode.Beam(2, stop="k_best")
+    search.Beam(2, stop="k_best")
 
 
 def test_beam_search_of_table_model_is_exhaustive_with_a_wide_beam():
@@ -265,7 +263,7 @@ def test_beam_search_of_table_model_is_exhaustive_with_a_wide_beam():
       for body in itertools.product([A, B], repeat=length - 1):
         log_p, _ = model.log_prob(s, [*body, EOS_ID])
         if log_p > -math.inf:
-          finals.append(log_p / decode.length_penalty(length, 0.6))
+          finals.append(log_p / search.length_penalty(length, 0.6))
     finals.sort(reverse=True)
     found = scores[s][scores[s] > -np.inf]
     np.testing.assert_allclose(found, finals, rtol=1e-5)
@@ -285,8 +283,8 @@ def test_beam_size_one_differs_from_greedy_only_by_a_better_score():
   np.testing.assert_array_equal(tokens[0, 0], [A, EOS_ID, PAD_ID, PAD_ID])  # greedy's
   tokens, scores = model.search(beam_size=1, alpha=1.0)
   np.testing.assert_array_equal(tokens[0, 0], [A, A, EOS_ID, PAD_ID])
-  greedy_score = math.log(0.55 * 0.5) / decode.length_penalty(2, 1.0)
-  assert scores[0, 0] == pytest.approx(math.log(0.55 * 0.45 * 0.95) / decode.length_penalty(3, 1.0))
+  greedy_score = math.log(0.55 * 0.5) / search.length_penalty(2, 1.0)
+  assert scores[0, 0] == pytest.approx(math.log(0.55 * 0.45 * 0.95) / search.length_penalty(3, 1.0))
   assert scores[0, 0] > greedy_score
 
 
@@ -309,8 +307,9 @@ N = 8
 
 
 @functools.cache
-def tiny_model():
-  """A random tiny Transformer that, like a trained one, never emits PAD, and 6 sources.
+def tiny_model(name="stock"):
+  """A random tiny Transformer (`name`: variants.MODELS's) that, like a trained one, never emits
+  PAD, and 6 sources.
 
   A trained model gives PAD (never a target) ~zero probability; a random one does not, and a
   hypothesis containing PAD is scored differently by the cache (which attends to it) and by the
@@ -323,7 +322,7 @@ def tiny_model():
   inputs = jnp.asarray(inputs, jnp.int32)  # [6, 5], each ends with EOS
   # The "rbg" PRNG compiles in a third of threefry's time on CPU; any random model will do.
   key = jax.random.key(2, impl="rbg")
-  params = jax.jit(Transformer(CONFIG).init)(key, inputs, inputs)["params"]
+  params = jax.jit(MODELS[name](CONFIG).init)(key, inputs, inputs)["params"]
   params = nn.unbox(params)
   bias = np.zeros(VOCAB, np.float32)
   bias[PAD_ID] = -1000.0
@@ -336,35 +335,38 @@ def tiny_model():
   return params, inputs
 
 
-DECODER = incremental.IncrementalDecoder(CONFIG)
+DECODERS = {name: decoder_lib.Decoder(model(CONFIG)) for name, model in MODELS.items()}
+DECODER = DECODERS["stock"]
 PREDICT_GREEDY = decode.Predictor(CONFIG, EXTRA)
 PREDICT_BEAM = decode.Predictor(CONFIG, EXTRA, beam_size=4, alpha=0.6)
 
 
-@functools.partial(jax.jit, static_argnames=("n", "beam_size", "best_only", "stop"))
-def reference_beam_search(params, inputs, n, beam_size, alpha, best_only=False, stop="proven"):
-  """decode.beam_search, compiled once per shape and beam size (α traced, as the Predictor's)."""
-  return decode.beam_search(
-      DECODER, params, inputs, n, beam_size, alpha, best_only=best_only, stop=stop
+@functools.partial(jax.jit, static_argnames=("n", "beam_size", "best_only", "stop", "name"))
+def reference_beam_search(
+    params, inputs, n, beam_size, alpha, best_only=False, stop="proven", name="stock"
+):
+  """search.beam_search, compiled once per shape and beam size (α traced, as the Predictor's)."""
+  return search.beam_search(
+      DECODERS[name], params, inputs, n, beam_size, alpha, best_only=best_only, stop=stop
   )
 
 
-def run_beam_search(params, inputs, n, beam_size, alpha):
-  return reference_beam_search(params, inputs, n, beam_size, alpha)[:2]
+def run_beam_search(params, inputs, n, beam_size, alpha, name="stock"):
+  return reference_beam_search(params, inputs, n, beam_size, alpha, name=name)[:2]
 
 
 @functools.partial(jax.jit, static_argnames=("n",))
 def reference_greedy_search(params, inputs, n):
-  return decode.greedy_search(DECODER, params, inputs, n)
+  return search.greedy_search(DECODER, params, inputs, n)
 
 
-@jax.jit
-def _token_log_probs(params, inputs, decoder_inputs, targets):
-  logits = Transformer(CONFIG).apply({"params": params}, inputs, decoder_inputs)  # [r, N, v]
+@functools.partial(jax.jit, static_argnames=("name",))
+def _token_log_probs(params, inputs, decoder_inputs, targets, name="stock"):
+  logits = MODELS[name](CONFIG).apply({"params": params}, inputs, decoder_inputs)  # [r, N, v]
   return jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
 
 
-def full_forward_scores(params, inputs, tokens, alpha):
+def full_forward_scores(params, inputs, tokens, alpha, name="stock"):
   """log P(Y) / lp(|Y|) of rows `tokens` [b, m, n] (n <= N) by a teacher-forced full forward pass.
 
   |Y| runs to the first EOS (included), or is n when there is none. Rows are padded to one shape
@@ -378,29 +380,31 @@ def full_forward_scores(params, inputs, tokens, alpha):
   decoder_inputs = np.concatenate([np.full((256, 1), BOS_ID), targets[:, :-1]], axis=1)
   sources = np.zeros((256, inputs.shape[1]), np.int32)
   sources[:rows] = np.repeat(np.asarray(inputs), m, axis=0)
-  token_lp = np.asarray(_token_log_probs(params, sources, decoder_inputs, targets))[:rows, :n]
+  token_lp = np.asarray(_token_log_probs(params, sources, decoder_inputs, targets, name))
+  token_lp = token_lp[:rows, :n]
   flat = targets[:rows, :n]
   is_eos = flat == EOS_ID
   length = np.where(is_eos.any(1), is_eos.argmax(1) + 1, n)  # [b*m]
   log_p = np.sum(np.where(np.arange(n) < length[:, None], token_lp, 0.0), axis=1)
-  return (log_p / decode.length_penalty(length, alpha)).reshape(batch, m)
+  return (log_p / search.length_penalty(length, alpha)).reshape(batch, m)
 
 
-def test_beam_search_equals_exhaustive_search():
+@pytest.mark.parametrize("name", list(MODELS))  # the paper's model and a variant (variants.py)
+def test_beam_search_equals_exhaustive_search(name):
   # Every sequence of up to n = 4 tokens over {3, 4, 5} ending in EOS (searches never emit PAD or
   # BOS): 1 + 3 + 9 + 27 = 40, scored by the full forward pass. A beam of 320 holds, at the last
   # step, every extension of the 27 length-3 prefixes, so every EOS ending is ranked in the beam
   # and the search is exhaustive: its finished set must be exactly the 40, in order.
-  params, inputs = tiny_model()
+  params, inputs = tiny_model(name)
   inputs, n, alpha = inputs[:2], 4, 0.6
-  tokens, scores = map(np.asarray, run_beam_search(params, inputs, n, 320, alpha))
+  tokens, scores = map(np.asarray, run_beam_search(params, inputs, n, 320, alpha, name))
   finals = [
       [*body, EOS_ID] + [PAD_ID] * (n - 1 - len(body))
       for length in range(1, n + 1)
       for body in itertools.product([3, 4, 5], repeat=length - 1)
   ]
   exhaustive = full_forward_scores(
-      params, inputs, np.broadcast_to(np.array(finals), (2, len(finals), n)), alpha
+      params, inputs, np.broadcast_to(np.array(finals), (2, len(finals), n)), alpha, name
   )  # [2, 40]
   for s in range(2):
     order = np.argsort(-exhaustive[s], kind="stable")
@@ -410,20 +414,21 @@ def test_beam_search_equals_exhaustive_search():
     np.testing.assert_array_equal(tokens[s, 0], finals[order[0]])  # the optimum
 
 
-def test_scores_equal_the_full_forward_pass_and_sentences_are_independent():
-  params, inputs = tiny_model()
-  tokens, scores = map(np.asarray, run_beam_search(params, inputs, N, 4, 0.6))
+@pytest.mark.parametrize("name", list(MODELS))
+def test_scores_equal_the_full_forward_pass_and_sentences_are_independent(name):
+  params, inputs = tiny_model(name)
+  tokens, scores = map(np.asarray, run_beam_search(params, inputs, N, 4, 0.6, name))
   assert tokens.shape == (inputs.shape[0], 4, N) and scores.shape == (inputs.shape[0], 4)
   assert np.all(scores[:, :-1] >= scores[:, 1:])  # best first
   finite = scores > -np.inf
-  recomputed = full_forward_scores(params, inputs, tokens, 0.6)
+  recomputed = full_forward_scores(params, inputs, tokens, 0.6, name)
   np.testing.assert_allclose(scores[finite], recomputed[finite], atol=1e-5)
   # The best hypotheses here are finished ones; the fallback to alive hypotheses (no EOS by the
   # maximum length) is checked on hand-made distributions above.
   assert (tokens[:, 0] == EOS_ID).any(1).all()
   # Each sentence is searched on its own: reversing the batch reverses the results (a wrong
   # gather of the cache or of the hypotheses would mix sentences).
-  reversed_tokens, reversed_scores = run_beam_search(params, inputs[::-1], N, 4, 0.6)
+  reversed_tokens, reversed_scores = run_beam_search(params, inputs[::-1], N, 4, 0.6, name)
   np.testing.assert_array_equal(tokens, np.asarray(reversed_tokens)[::-1])
   np.testing.assert_allclose(scores, np.asarray(reversed_scores)[::-1], atol=1e-6)
 
@@ -465,11 +470,11 @@ def _alternating(log_probs, prefixes, limit, inputs):
 
 
 def _alternating_candidates(log_probs, prefixes, limit, inputs):
-  """The same constraint answered as decode.Candidates: a few ids each, in no particular order,
+  """The same constraint answered as search.Candidates: a few ids each, in no particular order,
   one never legal (-inf), and given twice."""
   dense = _alternating(log_probs, prefixes, limit, inputs)
   ids = jnp.broadcast_to(jnp.array([5, EOS_ID, 2, 4, 3, 2], jnp.int32), dense.shape[:-1] + (6,))
-  return decode.Candidates(jnp.take_along_axis(dense, ids, axis=-1), ids)
+  return search.Candidates(jnp.take_along_axis(dense, ids, axis=-1), ids)
 
 
 @pytest.mark.slow  # ~10 s on 2 cores: .ci/run runs it after the default suite
@@ -478,17 +483,17 @@ def test_a_constraint_may_answer_with_a_few_candidates_and_the_searches_are_the_
   limit = jnp.full(inputs.shape[:1], N, jnp.int32)
 
   @functools.partial(jax.jit, static_argnames=("beam_size", "constraint"))
-  def search(params, inputs, beam_size, constraint):
+  def searched(params, inputs, beam_size, constraint):
     if beam_size == 1:
-      return decode.greedy_search(DECODER, params, inputs, N, limit, constraint)[0], None
-    tokens, scores, _ = decode.beam_search(
+      return search.greedy_search(DECODER, params, inputs, N, limit, constraint)[0], None
+    tokens, scores, _ = search.beam_search(
         DECODER, params, inputs, N, beam_size, 0.6, limit, constraint
     )
     return tokens, scores
 
   for beam_size in (1, 3):
-    dense = search(params, inputs, beam_size, _alternating)
-    few = search(params, inputs, beam_size, _alternating_candidates)
+    dense = searched(params, inputs, beam_size, _alternating)
+    few = searched(params, inputs, beam_size, _alternating_candidates)
     np.testing.assert_array_equal(few[0], dense[0])
     if beam_size > 1:
       np.testing.assert_allclose(few[1], dense[1], rtol=1e-6)
@@ -498,21 +503,22 @@ def test_a_constraint_may_answer_with_a_few_candidates_and_the_searches_are_the_
       assert set(body[0::2]) <= {3, 5} and set(body[1::2]) <= {4}, row
   candidates = _alternating_candidates(jnp.zeros((2, VOCAB)), jnp.zeros((2, N), jnp.int32), 0, 0)
   np.testing.assert_array_equal(
-      decode.dense(candidates, VOCAB), _alternating(jnp.zeros((2, VOCAB)), jnp.zeros((2, N)), 0, 0)
+      search.dense(candidates, VOCAB), _alternating(jnp.zeros((2, VOCAB)), jnp.zeros((2, N)), 0, 0)
   )
 
 
-def blocks_by_hand(search, params, inputs, n, block, alpha):
+def blocks_by_hand(searcher, params, inputs, n, block, alpha):
   """The search run as Predictor runs it, block after block with the cache grown in between
   (no sentence dropped): the final state."""
   ends = batch_shapes.cache_block_ends(n, block)
   first_log_probs, beams, sentence = DECODER.start(params, inputs, ends[0])
-  state = search.init(first_log_probs, jnp.full(inputs.shape[:1], n), n, alpha)
-  beams = DECODER.add_beams(beams, search.beam_size)
-  step_fn = DECODER.step_fn(params, inputs, sentence)
+  state = searcher.init(first_log_probs, jnp.full(inputs.shape[:1], n), n, alpha)
+  if searcher.beam_size > 1:
+    beams = DECODER.widen(beams, searcher.beam_size)
+  model = search.Stepper(DECODER.step_fn(params, inputs, sentence), DECODER.follow)
   for end in ends:
-    beams = DECODER.grow(beams, end, search.beam_size)
-    state, beams = decode.run_steps(search, step_fn, state, beams, alpha, end)
+    beams = DECODER.grow(beams, end)
+    state, beams = search.run_steps(searcher, model, state, beams, alpha, end)
   return state
 
 
@@ -522,10 +528,10 @@ def test_blocks_of_cache_length_change_nothing():
   # while loops) gives the same hypotheses and scores as one cache of the whole length.
   params, inputs = tiny_model()
   whole = reference_beam_search(params, inputs, N, 4, 0.6)
-  search = decode.Beam(4)
-  blocks = jax.jit(lambda p, x: blocks_by_hand(search, p, x, N, 3, 0.6))(params, inputs)
+  searcher = search.Beam(4)
+  blocks = jax.jit(lambda p, x: blocks_by_hand(searcher, p, x, N, 3, 0.6))(params, inputs)
   assert batch_shapes.cache_block_ends(N, 3) == (3, 6, 8)
-  tokens, scores = search.result(blocks, 0.6)
+  tokens, scores = searcher.result(blocks, 0.6)
   np.testing.assert_array_equal(tokens, whole[0])
   np.testing.assert_allclose(scores, whole[1], atol=1e-6)
   assert int(blocks.step) == int(whole[2]) > 3  # the search ran into the second block
@@ -534,12 +540,12 @@ def test_blocks_of_cache_length_change_nothing():
   np.testing.assert_array_equal(got, whole[0][:, 0])
   # The Predictor returns the best hypothesis only, so a sentence is done once no alive one can
   # beat its best finished one (the k-best reference: its worst): the same best, sooner.
-  best_only = decode.Beam(4, best_only=True)
+  best_only = search.Beam(4, best_only=True)
   early = jax.jit(lambda p, x: blocks_by_hand(best_only, p, x, N, 3, 0.6))(params, inputs)
   np.testing.assert_array_equal(best_only.best(early, 0.6), whole[0][:, 0])
   assert steps == int(early.step) < int(whole[2])
   greedy_whole = reference_greedy_search(params, inputs, N)
-  greedy = decode.Greedy()
+  greedy = search.Greedy()
   greedy_blocks = jax.jit(lambda p, x: blocks_by_hand(greedy, p, x, N, 3, 0.0))(params, inputs)
   np.testing.assert_array_equal(greedy_blocks.out, greedy_whole[0])
   assert int(greedy_blocks.step) == int(greedy_whole[1])
@@ -550,13 +556,13 @@ def test_blocks_of_cache_length_change_nothing():
   assert steps == int(greedy_whole[1])
 
 
-class RecordingDecoder(incremental.IncrementalDecoder):
-  """Records, for every decoding step traced, the rows decoded and the cross-attention cache."""
+class RecordingDecoder(decoder_lib.Decoder):
+  """Records, for every decoding step traced, the rows decoded and the invariant cache."""
 
-  def step(self, params, cache, encoded, inputs, tokens, position, slots=None):
+  def step(self, params, cache, encoded, inputs, tokens, position):
     flat = flax.traverse_util.flatten_dict(cache)
-    cross = {k: v for k, v in flat.items() if k[-1] in ("cross_key", "cross_value")}
-    log_probs, new_cache = super().step(params, cache, encoded, inputs, tokens, position, slots)
+    cross = {k: v for k, v in flat.items() if v.invariant}
+    log_probs, new_cache = super().step(params, cache, encoded, inputs, tokens, position)
     out = flax.traverse_util.flatten_dict(new_cache)
     self.calls.append((tokens.shape[0], cross, {k: out[k] for k in cross}))
     return log_probs, new_cache
@@ -564,13 +570,13 @@ class RecordingDecoder(incremental.IncrementalDecoder):
 
 def test_cross_attention_caches_are_never_tiled_or_reordered():
   params, inputs = tiny_model()
-  decoder = RecordingDecoder(CONFIG)
+  decoder = RecordingDecoder(Transformer(CONFIG))
   object.__setattr__(decoder, "calls", [])
   batch, k = inputs.shape[0], 4
-  search = jax.jit(lambda p, x: decode.beam_search(decoder, p, x, N, k, 0.6))
-  tokens, _, _ = search(params, inputs)  # traced once: the calls recorded are the traced steps
+  beams = jax.jit(lambda p, x: search.beam_search(decoder, p, x, N, k, 0.6))
+  tokens, _, _ = beams(params, inputs)  # traced once: the calls recorded are the traced steps
   first_rows, _, filled = decoder.calls[0]  # the step that read BOS and projected the encoder
-  assert first_rows == batch and len(filled) == 2 * CONFIG.decoder_layers
+  assert first_rows == batch and len(filled) == CONFIG.decoder_layers
   later = decoder.calls[1:]
   assert len(later) == 1  # the loop's step, traced once
   for rows, cross_in, cross_out in later:
@@ -578,12 +584,12 @@ def test_cross_attention_caches_are_never_tiled_or_reordered():
     for key, value in cross_in.items():
       # ... against the one copy per sentence: batch b, the very arrays of the first step,
       # handed to every step unchanged (not carried through the loop, so never gathered).
-      assert value.shape[0] == batch and value is filled[key], key
-      assert cross_out[key] is value
-  # And the split keeps them out of the per-beam state that the search carries.
-  rows, sentence = kv_cache.split(DECODER.init_cache(inputs, N))
-  assert all(k[-1] in kv_cache.SENTENCE_KEYS for k in flax.traverse_util.flatten_dict(sentence))
-  assert not any(k[-1] in kv_cache.SENTENCE_KEYS for k in flax.traverse_util.flatten_dict(rows))
+      assert value.key.shape[0] == batch and value.key is filled[key].key, key
+      assert cross_out[key].key is value.key
+  # And the split keeps them out of the state that the search carries.
+  carried, invariant = decoder_lib.split(DECODER.init_cache(inputs, N))
+  assert all(n.invariant for n in flax.traverse_util.flatten_dict(invariant).values())
+  assert not any(n.invariant for n in flax.traverse_util.flatten_dict(carried).values())
   expected = reference_beam_search(params, inputs, N, k, 0.6)
   np.testing.assert_array_equal(tokens, expected[0])
 
@@ -801,7 +807,7 @@ def test_predictor_stops_as_the_reference_with_either_rule():
   n = inputs.shape[1] + extra
   predictors = {
       stop: decode.Predictor(CONFIG, extra, 4, shapes=Shapes(block=4, min_rows=1), stop=stop)
-      for stop in decode.STOPS
+      for stop in search.STOPS
   }
   for alpha in (0.6, 1.0, 2.0):
     found = {}

@@ -4,15 +4,17 @@ Shapes match tests/test_model.py (batch 2, source 7, target 6), so in one pytest
 forward passes reuse the ops compiled there.
 """
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from testing import random_params
+from variants import MODELS
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.decoding.decode import greedy_search
-from transformer_jax.model.incremental import IncrementalDecoder
+from transformer_jax.decoding.decoder import Decoder
+from transformer_jax.decoding.search import greedy_search
 from transformer_jax.model.transformer import Transformer, TransformerConfig
 
 CONFIG = TransformerConfig(
@@ -28,25 +30,28 @@ def source(seed):
 
 
 @pytest.mark.parametrize(
-    "variant",
+    "variant,name",
     [
-        {"norm_position": "post"},
-        {"norm_position": "pre"},
-        {"key_dim": 4, "value_dim": 12},
+        ({"norm_position": "post"}, "stock"),
+        ({"norm_position": "pre"}, "stock"),
+        ({"key_dim": 4, "value_dim": 12}, "stock"),
+        ({"norm_position": "post"}, "alibi"),
     ],
-    ids=["post", "pre", "dk4_dv12"],  # d_k != d_v: Table 3 row (B)'s caches
+    # d_k != d_v: Table 3 row (B)'s caches; alibi: a variant of attention (tests/variants.py)
+    ids=["post", "pre", "dk4_dv12", "alibi"],
 )
-def test_cached_decoding_equals_full_forward(variant):
+def test_cached_decoding_equals_full_forward(variant, name):
   config = CONFIG.replace(**variant)
-  params = random_params(config)
+  model = MODELS[name](config)
+  params = random_params(config, model=MODELS[name])
   inputs = source(0)
   rng = np.random.default_rng(1)
   decoder_inputs = rng.integers(3, 40, size=(BATCH, TARGET_LEN)).astype(np.int32)  # no padding
   decoder_inputs[:, 0] = BOS_ID
-  logits = Transformer(config).apply({"params": params}, inputs, decoder_inputs)  # [b, t, v]
+  logits = model.apply({"params": params}, inputs, decoder_inputs)  # [b, t, v]
   expected = jax.nn.log_softmax(logits, axis=-1)
 
-  decoder = IncrementalDecoder(config)
+  decoder = Decoder(model)
   encoded = decoder.encode(params, inputs)  # [b, s, e]
   cache = decoder.init_cache(inputs, TARGET_LEN)
   for t in range(TARGET_LEN):
@@ -56,11 +61,7 @@ def test_cached_decoding_equals_full_forward(variant):
     )
     assert log_probs.shape == (BATCH, 40) and log_probs.dtype == jnp.float32
     np.testing.assert_allclose(log_probs, expected[:, t], atol=1e-5, err_msg=f"position {t}")
-  indices = [
-      leaf
-      for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
-      if "cache_index" in jax.tree_util.keystr(path)
-  ]
+  indices = [n.index for n in flax.traverse_util.flatten_dict(cache).values() if not n.invariant]
   assert len(indices) == 2 and all(int(i) == TARGET_LEN for i in indices)  # one per layer
 
 
@@ -101,7 +102,7 @@ def test_greedy_search_equals_naive_loop():
   expected = naive_greedy(model, params, inputs, TARGET_LEN)
   np.testing.assert_array_equal(expected[0], [*free_running[0, :2], EOS_ID, PAD_ID, PAD_ID, PAD_ID])
   assert EOS_ID not in expected[1]  # row 1 runs to the end, past row 0's EOS
-  out, steps = greedy_search(IncrementalDecoder(config), params, inputs, TARGET_LEN)
+  out, steps = greedy_search(Decoder(Transformer(config)), params, inputs, TARGET_LEN)
   assert out.shape == (BATCH, TARGET_LEN) and out.dtype == jnp.int32
   assert int(steps) == TARGET_LEN  # row 1 never ends: every position is decoded
   np.testing.assert_array_equal(out, expected)

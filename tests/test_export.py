@@ -169,7 +169,7 @@ def test_beam_score_is_log_probability_over_length_to_the_penalty(vocab_file, tm
   """What CTranslate2's beam search ranks by (decoding.cc, `finalize_hypothesis_score`):
   log P(Y) / |Y|^length_penalty, |Y| counting EOS (which the hypothesis returned leaves out)
   and log P(Y) including EOS's. The project's §6.1 GNMT penalty divides by ((5 + |Y|) / 6)^α,
-  |Y| also with EOS (decode.length_penalty): no length_penalty makes one the other, so the two
+  |Y| also with EOS (search.length_penalty): no length_penalty makes one the other, so the two
   beam searches rank hypotheses differently."""
   model_config = tiny_config()
   params = random_params(model_config, seed=2)

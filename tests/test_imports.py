@@ -130,7 +130,7 @@ def test_the_layers_import_one_way():
   )
   # The reader sees the layers it checks (so an empty graph cannot pass).
   assert "transformer_jax.decoding.decode" in graph["transformer_jax.runs.inference"]
-  assert "transformer_jax.model.incremental" in graph["transformer_jax.decoding.decode"]
+  assert "transformer_jax.decoding.decoder" in graph["transformer_jax.decoding.decode"]
 
 
 def _generic(graph) -> list[str]:

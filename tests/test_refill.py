@@ -1,20 +1,38 @@
 """Greedy search in rows that finished sentences leave (decoding/refill.py): the ring cache's
 mask, and each sentence's translation equal to the reference greedy search of it alone."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
+from variants import MODELS
 
 from tests.test_beam_search import CONFIG, EXTRA, VOCAB, tiny_model
 from transformer_jax import config as config_lib
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
-from transformer_jax.decoding import decode, refill
+from transformer_jax.decoding import decode, kv_cache, refill, search
+from transformer_jax.decoding import decoder as decoder_lib
 from transformer_jax.decoding.batch_shapes import Shapes
-from transformer_jax.model import incremental, kv_cache
 from transformer_jax.runs import inference
 
-DECODER = incremental.IncrementalDecoder(CONFIG, normalize=False)  # greedy: the first maximum
+# greedy: the first maximum of the logits; the paper's model and a variant (tests/variants.py)
+DECODERS = {
+    name: decoder_lib.Decoder(model(CONFIG), normalize=False) for name, model in MODELS.items()
+}
 BUCKETS = (4, 8, 12)
+
+
+def _mask(index, starts, length):
+  """[rows, n]: the columns each row of a one-slot cache of n positions attends to at step
+  `index` (kv_cache.SelfKV.write), a ring with `starts` (None: not a ring)."""
+  rows = 3 if starts is None else len(starts)
+  zeros = np.zeros((rows, 1, 1, length), np.float32)
+  cache = kv_cache.SelfKV(zeros, zeros.transpose(0, 1, 3, 2), np.int32(index))
+  if starts is not None:
+    cache = cache.restart(np.asarray(starts, np.int32))
+  _, keys = cache.write(np.zeros((rows, 1, 1, 1), np.float32), np.zeros((rows, 1, 1, 1)))
+  return np.asarray(keys.mask)[:, 0, 0]  # [b, 1, q, n] -> [b, n]
 
 
 @pytest.mark.parametrize("length", [1, 5])
@@ -23,18 +41,20 @@ def test_ring_mask_is_the_columns_each_row_wrote_since_its_start(length):
   or after the row's start; with no start, the causal mask of a cache of n positions."""
   for index in range(3 * length):
     starts = np.arange(-1, index + 1)
-    mask = np.asarray(kv_cache.slot_mask(index, None, len(starts), 1, length, starts))[:, 0]
+    mask = _mask(index, starts, length)
     for row, start in enumerate(starts):
       for column in range(length):
         last = max(t for t in range(-length, index + 1) if t % length == column)
         assert mask[row, column] == (last >= start), (index, start, column)
-  causal = np.asarray(kv_cache.slot_mask(2, None, 3, 1, 4))[:, 0]
+  causal = _mask(2, None, 4)
   assert (causal == (np.arange(4) <= 2)).all()
 
 
 def test_a_ring_has_one_slot():
-  with pytest.raises(ValueError, match="one slot"):
-    kv_cache.slot_mask(0, np.zeros((1, 2, 3), np.int32), 1, 2, 3, np.zeros(1, np.int32))
+  zeros = np.zeros((1, 1, 1, 3), np.float32)
+  cache = kv_cache.SelfKV(zeros, zeros.transpose(0, 1, 3, 2), np.int32(0)).widen(2)
+  with pytest.raises(ValueError, match="cannot be a ring"):
+    cache.restart(np.zeros(1, np.int32))
 
 
 def sources(count, seed=0):
@@ -43,19 +63,19 @@ def sources(count, seed=0):
   return [rng.integers(3, VOCAB, rng.integers(1, 12)).tolist() for _ in range(count)]
 
 
-@jax.jit
-def _reference(params, inputs):
+@functools.partial(jax.jit, static_argnames=("name",))
+def _reference(params, inputs, name):
   n = min(inputs.shape[1] + EXTRA, CONFIG.max_len)
-  limit = decode.output_limits(inputs, EXTRA, n)
-  return decode.greedy_search(DECODER, params, inputs, n, limit=limit)[0]
+  limit = search.output_limits(inputs, EXTRA, n)
+  return search.greedy_search(DECODERS[name], params, inputs, n, limit=limit)[0]
 
 
-def reference(params, source):
-  """decode.greedy_search of one source alone, padded to its bucket, with its output limit."""
+def reference(params, source, name="stock"):
+  """search.greedy_search of one source alone, padded to its bucket, with its output limit."""
   length = next(b for b in BUCKETS if b >= len(source) + 1)
   inputs = np.full((1, length), PAD_ID, np.int32)
   inputs[0, : len(source) + 1] = source + [EOS_ID]
-  return _strip(np.asarray(_reference(params, inputs))[0])
+  return _strip(np.asarray(_reference(params, inputs, name))[0])
 
 
 def _strip(tokens) -> list[int]:
@@ -64,16 +84,17 @@ def _strip(tokens) -> list[int]:
 
 
 @pytest.mark.slow  # ~10 s on 2 cores: .ci/run runs it after the default suite
-def test_refill_gives_each_sentence_its_greedy_search_alone():
+@pytest.mark.parametrize("name", list(MODELS))
+def test_refill_gives_each_sentence_its_greedy_search_alone(name):
   """37 sentences in 4 rows, 2 at a time: rows refill at different steps, the ring of 15
   columns wraps several times, a last chunk of one is padded, and the tail goes on in 2 rows.
   Every translation is the reference's of its sentence alone, ended by EOS or the limit."""
-  params, _ = tiny_model()
-  search = refill.RefillGreedy(DECODER, EXTRA, rows=4, chunk=2, shapes=Shapes(min_rows=2))
+  params, _ = tiny_model(name)
+  refiller = refill.RefillGreedy(DECODERS[name], EXTRA, rows=4, chunk=2, shapes=Shapes(min_rows=2))
   batch = sources(37)
   stats = {}
-  got = search.search(params, batch, BUCKETS, CONFIG.max_len, stats)
-  expected = [reference(params, source) for source in batch]
+  got = refiller.search(params, batch, BUCKETS, CONFIG.max_len, stats)
+  expected = [reference(params, source, name) for source in batch]
   assert [_strip(tokens) for tokens in got] == expected
   ends = {tokens[-1] == EOS_ID for tokens in expected}
   assert ends == {True, False}  # some reach EOS, some their limit
@@ -81,18 +102,18 @@ def test_refill_gives_each_sentence_its_greedy_search_alone():
   assert stats["steps"] > 2 * columns  # the ring wrapped
   assert stats["batches"] == 19 and stats["rows"] == 4
   assert stats["row_steps"] < 4 * stats["steps"]  # the tail ran in fewer rows
-  assert {s[:2] for s in search.signatures if s[0] in ("run", "keep")} >= {("run", 2)}
+  assert {s[:2] for s in refiller.signatures if s[0] in ("run", "keep")} >= {("run", 2)}
   # Again, in a call of its own: the same programs, the same translations.
-  programs = search.programs()
-  assert [_strip(t) for t in search.search(params, batch[:5], BUCKETS, CONFIG.max_len)] == (
+  programs = refiller.programs()
+  assert [_strip(t) for t in refiller.search(params, batch[:5], BUCKETS, CONFIG.max_len)] == (
       expected[:5]
   )
-  assert search.programs() >= programs
+  assert refiller.programs() >= programs
 
 
 def test_rows_are_a_multiple_of_the_chunk():
   with pytest.raises(ValueError, match="multiple of chunk"):
-    refill.RefillGreedy(DECODER, EXTRA, rows=6, chunk=4)
+    refill.RefillGreedy(DECODERS["stock"], EXTRA, rows=6, chunk=4)
 
 
 @pytest.mark.slow  # 5-10 s on 2 cores: .ci/run runs it after the default suite

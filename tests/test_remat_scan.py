@@ -8,12 +8,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from testing import random_params
+from variants import MODELS
 
 from configs import quickstart
 from transformer_jax import config as config_lib
-from transformer_jax.model import incremental
+from transformer_jax.decoding.decoder import Decoder
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.transformer import Transformer, stack_layer_params, unstack_layer_params
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel.layer_params import stack_layer_params, unstack_layer_params
 from transformer_jax.training import train
 
 CONFIG = TransformerConfig(
@@ -124,24 +127,29 @@ def test_scanned_parameters_shard_with_the_layers_axis_replicated():
 
 
 @pytest.mark.slow  # 5-10 s on 2 cores: .ci/run runs it after the default suite
-def test_scanned_model_decodes_with_per_layer_caches(params):
+@pytest.mark.parametrize("name", list(MODELS))  # the paper's model, a variant (tests/variants.py)
+def test_scanned_model_decodes_with_per_layer_caches(params, name):
   """Cached decoding of a scanned model equals its own full forward pass, and the cache keeps
   the unrolled layout (keys [b, h, d, n] per layer, one beam slot) that beam search writes into."""
   config = CONFIG.replace(scan_layers=True, deterministic=True)
+  model = MODELS[name](config)
+  if name != "stock":  # the variant's own parameters
+    params = random_params(CONFIG, model=MODELS[name])
   stacked = stack_layer_params(params)
   inputs, decoder_inputs = example()
-  full = Transformer(config).apply({"params": stacked}, inputs, decoder_inputs)  # [b, t, v]
+  full = model.apply({"params": stacked}, inputs, decoder_inputs)  # [b, t, v]
 
-  decoder = incremental.IncrementalDecoder(config)
+  decoder = Decoder(model)
   step = jax.jit(decoder.step, compiler_options=FAST_COMPILE)
   cache = decoder.init_cache(jnp.asarray(inputs), T)
-  layer_caches = cache["decoder"]["layers"]
-  assert sorted(layer_caches) == ["layer_0", "layer_1"]
-  assert layer_caches["layer_1"]["self_attention"]["kv_cache"]["cached_key"].shape == (B, 4, 8, T)
+  layer_caches = cache["decoder"]
+  assert sorted(k for k in layer_caches if k.startswith("layer")) == ["layer_0", "layer_1"]
+  assert layer_caches["layer_1"]["self_attention"]["kv_cache"]["state"].key.shape == (B, 4, 8, T)
   encoded = decoder.encode(stacked, jnp.asarray(inputs))
+  unrolled = decoder.unrolled(stacked)  # a scanned stack decodes unrolled
   for t in range(3):
     log_probs, cache = step(
-        stacked, cache, encoded if t == 0 else None, jnp.asarray(inputs),
+        unrolled, cache, encoded if t == 0 else None, jnp.asarray(inputs),
         jnp.asarray(decoder_inputs[:, t]), t,
     )  # fmt: skip
     np.testing.assert_allclose(log_probs, jax.nn.log_softmax(full[:, t]), rtol=1e-5, atol=1e-5)

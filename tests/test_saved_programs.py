@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_beam_search import CONFIG, EXTRA, tiny_model
 from test_refill import BUCKETS, sources
+from variants import MODELS, NaiveCache
 
 from transformer_jax.decoding import compilation, decode, saved_programs
 from transformer_jax.decoding.batch_shapes import Shapes
@@ -25,29 +26,34 @@ def _files(directory):
   return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
 
 
-def _predictor(beam_size):
-  return decode.Predictor(CONFIG, EXTRA, beam_size, 0.6, Shapes(block=4))  # a start and a block
+def _predictor(beam_size, name="stock"):
+  model = MODELS[name](CONFIG)  # the paper's model, or a variant (tests/variants.py)
+  return decode.Predictor(model, EXTRA, beam_size, 0.6, Shapes(block=4))  # a start and a block
 
 
-@pytest.fixture(scope="module", params=[1, 4], ids=["greedy", "beam4"])
+@pytest.fixture(
+    scope="module", params=[(1, "stock"), (4, "stock"), (4, "alibi")], ids=lambda p: f"{p}"
+)
 def exported(request, tmp_path_factory):
-  """(beam size, the plain search's tokens, a cache directory where a first Predictor exported
-  its programs, how many)."""
-  params, inputs = tiny_model()
-  expected = _predictor(request.param).search(params, inputs)[0]
+  """(beam size, model name, the plain search's tokens, a cache directory where a first
+  Predictor exported its programs, how many). Indirect parameters: a beam size (the stock
+  model's) or (beam size, model name)."""
+  beam_size, name = request.param if isinstance(request.param, tuple) else (request.param, "stock")
+  params, inputs = tiny_model(name)
+  expected = _predictor(beam_size, name).search(params, inputs)[0]
   cache = tmp_path_factory.mktemp("cache")
-  first = _predictor(request.param)
+  first = _predictor(beam_size, name)
   saved = saved_programs.attach(first, str(cache))
   np.testing.assert_array_equal(first.search(params, inputs)[0], expected)
-  assert first.programs() >= 2 and saved.loaded == 0
+  assert first.programs() >= (2 if name == "stock" else 1) and saved.loaded == 0
   assert saved.exported == first.programs() == len(_files(cache / saved_programs.SUBDIR))
-  return request.param, expected, cache, first.programs()
+  return beam_size, name, expected, cache, first.programs()
 
 
 def test_exported_programs_translate_the_same_and_a_later_run_traces_nothing(exported):
-  beam_size, expected, cache, programs = exported
-  params, inputs = tiny_model()
-  later = _predictor(beam_size)
+  beam_size, name, expected, cache, programs = exported
+  params, inputs = tiny_model(name)
+  later = _predictor(beam_size, name)
   saved = saved_programs.attach(later, str(cache))
   with compilation.CompileLog() as log:
     np.testing.assert_array_equal(later.search(params, inputs)[0], expected)
@@ -140,7 +146,7 @@ DAMAGES = {  # how a kept file goes wrong -> (the damage, what the warning says)
 @pytest.mark.parametrize("exported", [4], indirect=True)  # one search: this is about the files
 @pytest.mark.parametrize("damage", list(DAMAGES))
 def test_a_damaged_file_is_set_aside_and_exported_again(exported, damage, tmp_path, caplog):
-  beam_size, expected, cache, programs = exported
+  beam_size, _, expected, cache, programs = exported
   params, inputs = tiny_model()
   directory = tmp_path / saved_programs.SUBDIR
   shutil.copytree(cache / saved_programs.SUBDIR, directory)
@@ -200,7 +206,7 @@ def _read_only(directory, monkeypatch):
 def test_a_read_only_cache_is_read_and_its_damaged_files_cost_only_their_tracing(
     exported, tmp_path, monkeypatch, caplog
 ):
-  beam_size, expected, cache, programs = exported
+  beam_size, _, expected, cache, programs = exported
   params, inputs = tiny_model()
   directory = tmp_path / saved_programs.SUBDIR
   shutil.copytree(cache / saved_programs.SUBDIR, directory)
@@ -228,7 +234,7 @@ def test_a_read_only_cache_is_read_and_its_damaged_files_cost_only_their_tracing
 
 @pytest.mark.parametrize("exported", [4], indirect=True)
 def test_a_directory_that_cannot_be_written_costs_nothing_but_the_files(exported, tmp_path, caplog):
-  beam_size, expected, _, programs = exported
+  beam_size, _, expected, _, programs = exported
   params, inputs = tiny_model()
   (tmp_path / saved_programs.SUBDIR).write_text("a file where the directory should be")
   predictor = _predictor(beam_size)
@@ -270,3 +276,37 @@ def test_what_changes_a_program_changes_its_identity(tmp_path):
   assert saved_programs.attach(opaque, str(tmp_path)) is None and opaque.saved is None
   assert saved_programs.attach(base, None) is None and base.saved is None  # no cache: none kept
   assert saved_programs.attach(base, "gs://bucket/jax_cache") is None and base.saved is None
+  # The model's class, its attention's and its cache's, and the source that defines them.
+  assert identity(base) != identity(decode.Predictor(MODELS["alibi"](CONFIG), EXTRA, 4, 0.6))
+  assert identity(base) != identity(decode.Predictor(CONFIG, EXTRA, 4, 0.6, cache=NaiveCache))
+
+
+VARIANT = """
+from transformer_jax.model.attention import MultiHeadAttention
+
+
+class Scaled(MultiHeadAttention):
+  def bias(self, query_positions, key_positions):
+    return None if self.kind != "causal" else SCALE * (query_positions[:, None, :, None] - 0.0)
+
+
+SCALE = {scale}
+"""
+
+
+def test_a_variant_edited_outside_the_package_is_another_program(tmp_path, monkeypatch):
+  """A variant defined in a file of its own (not this package's source): editing that file
+  changes the identity its programs are kept under, so it is never served its old program."""
+  import importlib
+
+  from transformer_jax.model.transformer import Transformer
+
+  monkeypatch.syspath_prepend(str(tmp_path))
+  identities = []
+  for scale in (0.5, 0.25):
+    (tmp_path / "my_variant.py").write_text(VARIANT.format(scale=scale))
+    module = importlib.import_module("my_variant")
+    module = importlib.reload(module)
+    model = Transformer(CONFIG, attention=module.Scaled)
+    identities.append(saved_programs.predictor_identity(decode.Predictor(model, EXTRA)))
+  assert identities[0] != identities[1] and "my_variant.Scaled" in identities[0]

@@ -17,7 +17,7 @@ import pytest
 from transformer_jax import average, tune_decoding
 from transformer_jax import config as config_lib
 from transformer_jax.data.tokenizer import EOS_ID
-from transformer_jax.decoding import batch_shapes, decode, saved_programs
+from transformer_jax.decoding import batch_shapes, saved_programs, search
 from transformer_jax.runs import checkpoint, inference
 from transformer_jax.tasks import bleu
 from transformer_jax.training import train
@@ -463,7 +463,7 @@ def test_decode_profile_names_where_a_step_spends_its_time(trained_run):
 @pytest.mark.slow  # 10-60 s on 2 cores: .ci/run runs it after the default suite
 def test_beam_work_counts_each_sentences_steps_to_its_stop(trained_run, tmp_path):
   """benchmarks/beam_work.py: the steps each rule searches a sentence for are the reference beam
-  search's on that sentence alone (`decode.beam_search`), and the bound's FLOPs follow them."""
+  search's on that sentence alone (`search.beam_search`), and the bound's FLOPs follow them."""
   workdir, _ = trained_run
   run = inference.load_run(workdir)
   lines = ["a b c d", "e f g h i j k", "b c", "l m n o p q r s t", "c d e"]
@@ -477,7 +477,7 @@ def test_beam_work_counts_each_sentences_steps_to_its_stop(trained_run, tmp_path
     inputs = np.array([ids + [EOS_ID]], np.int32)
     n = min(inputs.shape[1] + run.predictor.max_decode_extra, run.model_config.max_len)
     for stop in batch_shapes.STOPS:
-      *_, steps = decode.beam_search(
+      *_, steps = search.beam_search(
           run.predictor.decoder, run.params, inputs, n, 2, run.alpha, best_only=True, stop=stop
       )
       want[stop] += int(steps) - 1  # the steps after the first (BOS) step

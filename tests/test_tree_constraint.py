@@ -12,7 +12,7 @@ from testing import random_params
 from configs import multi30k
 from transformer_jax import config as config_lib
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, RESERVED_TOKENS
-from transformer_jax.decoding import decode
+from transformer_jax.decoding import decode, search
 from transformer_jax.decoding.batch_shapes import Shapes
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.tasks.parsing import ptb, tree_constraint, trees
@@ -119,7 +119,7 @@ def _legal_fn(constraint):
 
 def _dense(constraint):
   """The constraint's answer as log-probs over the whole vocabulary."""
-  return lambda log_probs, *args, **kwargs: decode.dense(
+  return lambda log_probs, *args, **kwargs: search.dense(
       constraint(log_probs, *args, **kwargs), np.shape(log_probs)[-1]
   )
 
@@ -134,7 +134,7 @@ def _assert_same_as_reference(constraint, rng, prefixes, limits, inputs):
   vocabulary: the same legal tokens, the same renormalized log-probabilities."""
   log_probs = jax.nn.log_softmax(rng.normal(size=prefixes.shape[:-1] + constraint.kinds.shape))
   fast, reference = _call_fns(constraint)
-  fast = np.asarray(decode.dense(fast(log_probs, prefixes, limits, inputs), log_probs.shape[-1]))
+  fast = np.asarray(search.dense(fast(log_probs, prefixes, limits, inputs), log_probs.shape[-1]))
   reference = np.asarray(reference(log_probs, prefixes, limits, inputs))
   np.testing.assert_array_equal(fast == -np.inf, reference == -np.inf)
   np.testing.assert_allclose(fast, reference, rtol=1e-6, atol=1e-6)
@@ -378,13 +378,13 @@ def test_searches_write_only_well_formed_trees_and_agree(words, beam_size, order
       > 0
   )  # the constraint is what makes them well formed
   n = outputs.shape[1]
-  limit = decode.output_limits(inputs, extra, n)
+  limit = search.output_limits(inputs, extra, n)
   decoder = predictor.decoder
 
   def reference(p, x):  # the best output of the reference search, [b, n]
     if beam_size == 1:
-      return decode.greedy_search(decoder, p, x, n, limit, constraint)[0]
-    return decode.beam_search(decoder, p, x, n, beam_size, 0.6, limit, constraint)[0][:, 0]
+      return search.greedy_search(decoder, p, x, n, limit, constraint)[0]
+    return search.beam_search(decoder, p, x, n, beam_size, 0.6, limit, constraint)[0][:, 0]
 
   expected = jax.jit(reference)(params, inputs)
   np.testing.assert_array_equal(outputs, expected)

@@ -8,15 +8,16 @@ import numpy as np
 from transformer_jax.model.transformer import Transformer
 
 
-def random_params(config, seed=0):
-  """Random parameters (LayerNorm scales near 1) on the tree `jax.eval_shape(init)` describes.
+def random_params(config, seed=0, model=Transformer):
+  """Random parameters (LayerNorm scales near 1) on the tree `jax.eval_shape(init)` of
+  `model(config)` describes.
 
   Larger than the real init so every path matters, and nothing is compiled for initialisation.
   Parameter shapes do not depend on the batch, so a [1, 4] dummy input describes the tree.
   """
   dummy = np.ones((1, 4), np.int32)
   inputs = np.ones(config.dummy_inputs(1, 4).shape, np.int32)  # [1, 4]
-  shapes = nn.unbox(jax.eval_shape(Transformer(config).init, jax.random.key(0), inputs, dummy))
+  shapes = nn.unbox(jax.eval_shape(model(config).init, jax.random.key(0), inputs, dummy))
   rng = np.random.default_rng(seed)
 
   def fill(path, shape):

@@ -136,6 +136,13 @@ def train_section() -> ml_collections.ConfigDict:
   s.keep_checkpoints = 5
   s.eval_every = 0  # 0 = evaluate only at the end
   s.average_last = 0  # §6.1: final evaluation on the mean of the last N checkpoints; 0 = off
+  # Not in the paper (which evaluates the last checkpoints): every `eval_every` updates, score the
+  # mean of the last `average_last` checkpoints (0: the latest) on the whole validation split by
+  # the task's metric, keep the best as the averaged checkpoint, and evaluate that one at the
+  # end. A longer run can then only add candidates: more updates never choose a worse one on
+  # validation. `patience` > 0: stop once that many such evaluations in a row found none better.
+  s.select_on_validation = False
+  s.patience = 0
   # Wall-clock budget for the run's training loop, summed across restarts (compilation,
   # periodic evaluation and checkpointing included; the final evaluation not). Each checkpoint
   # records the training time so far, so a run preempted after 20 minutes of a 60-minute budget
@@ -218,6 +225,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
       "vocab_size",
       "deterministic",
       "decode",
+      "cache",
   }
   unknown = sorted(set(config.model) - fields)
   if unknown:
@@ -402,6 +410,19 @@ def validate_train(config: ml_collections.ConfigDict, check: Check) -> None:
       f"must be in [0, train.keep_checkpoints={t.keep_checkpoints}]: only kept checkpoints average",
   )
   check(t.max_train_minutes >= 0, "train.max_train_minutes", "must be >= 0 (0 = no budget)")
+  check(t.patience >= 0, "train.patience", "must be >= 0 (0 = train to the end)")
+  if t.select_on_validation or t.patience:
+    check(
+        t.select_on_validation,
+        "train.patience",
+        "counts evaluations of train.select_on_validation: set it too",
+    )
+    check(
+        t.eval_every > 0 and t.eval_every % t.checkpoint_every == 0,
+        "train.select_on_validation",
+        f"scores checkpoints every train.eval_every updates: that must be a positive multiple of "
+        f"train.checkpoint_every={t.checkpoint_every} (it is {t.eval_every})",
+    )
 
 
 def validate_eval(config: ml_collections.ConfigDict, check: Check) -> None:

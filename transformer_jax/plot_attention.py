@@ -23,6 +23,7 @@ from absl import app, flags
 
 from transformer_jax import cli, errors, figures
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 
 KINDS = (  # (module path inside a layer, figure row title)
@@ -41,25 +42,35 @@ def _define_flags():
   flags.DEFINE_string("output", "", "PNG to write; default: WORKDIR/attention.png.")
 
 
-def attention_weights(model_config, params, source_ids, target_ids) -> dict[str, np.ndarray]:
-  """Every layer's attention weights for one sentence pair, teacher-forced.
+def attention_weights(model, params, source_ids, target_ids) -> dict[str, np.ndarray]:
+  """Every layer's attention weights for one sentence pair, teacher-forced, by the run's `model`
+  (a Transformer, a variant of it, or its TransformerConfig).
 
   source_ids: the source with its EOS; target_ids: the output with its EOS. Returns
   "encoder/layer_0/self_attention"-style keys -> [heads, queries, keys] float32 arrays: encoder
-  [h, s, s], decoder self [h, t, t] (over BOS + the output), cross [h, t, s].
+  [h, s, s], decoder self [h, t, t] (over BOS + the output), cross [h, t, s]. A model whose
+  layers record none (`sow` "attention_weights") is refused in one line.
   """
-  model = Transformer(model_config.replace(deterministic=True, decode=False))
+  if isinstance(model, TransformerConfig):
+    model = Transformer(model)
+  model = model.clone(config=model.config.replace(deterministic=True, decode=False))
   inputs = np.asarray([source_ids], np.int32)  # [1, s]
   decoder_inputs = np.asarray([[BOS_ID, *target_ids[:-1]]], np.int32)  # [1, t], shifted right
   _, state = jax.jit(lambda p, x, y: model.apply({"params": p}, x, y, mutable=["intermediates"]))(
       params, inputs, decoder_inputs
   )
   maps = {}
-  for path, value in jax.tree_util.tree_leaves_with_path(state["intermediates"]):
+  for path, value in jax.tree_util.tree_leaves_with_path(state.get("intermediates", {})):
     names = [getattr(k, "key", None) for k in path]
     if "attention_weights" in names:
       keep = [n for n in names if isinstance(n, str) and n != "attention_weights"]
       maps["/".join(keep)] = np.asarray(value[0], np.float32)  # sow keeps a tuple; batch 0
+  needed = [f"{stack}/layer_0/{name}" for stack, name, _ in KINDS]
+  if not all(key in maps for key in needed):
+    raise errors.UserError(
+        f"the run's model ({type(model).__name__}) records no attention weights where the "
+        f"Transformer's layers do ({', '.join(needed)}): plot_attention cannot draw it"
+    )
   return maps
 
 
@@ -127,7 +138,7 @@ def figure_for_sentence(
   limit = run.config.data.max_len - 1
   source_ids = run.tokenizer.encode(sentence.strip())[:limit] + [EOS_ID]
   output_ids = run.tokenizer.encode(translation)[:limit] + [EOS_ID]
-  maps = attention_weights(run.model_config, run.params, source_ids, output_ids)
+  maps = attention_weights(run.model, run.params, source_ids, output_ids)
   labels = {
       "source": token_labels(run.tokenizer, source_ids),
       "output": token_labels(run.tokenizer, output_ids),

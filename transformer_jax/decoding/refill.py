@@ -11,18 +11,18 @@ The tail of the call (no sentence left to take a row) halves the rows as `Predic
 How a row starts anew (kv_cache.py, "rows that start anew"): the self-attention cache is a ring of
 W = the longest output limit columns, step t writes column t % W, and `row_start` [R] tells each
 row which columns are its own sentence's. A sentence joins at step t: its chunk's encoder and
-cross-attention keys and values run alone (`IncrementalDecoder.cross_cache`) and replace the
+cross-attention keys and values run alone (`Decoder.invariant_cache`) and replace the
 row's; the row's next input is BOS and its start is t, so step t of all rows reads its BOS at
 position 0 and writes its keys and values into column t % W. Output index q of a row is column
 (start + q) % W of `out` [R, W], the column of the step that read its input. (The chunk's BOS
 step run apart, as `Predictor` starts a batch, cost more in small operations than a row-step
 each in the rows: docs/experiments.md.)
 
-Each sentence's output limit is its own (decode.output_limits), so its translation is the one
-`decode.greedy_search` gives it (tests/test_refill.py): the rows beside it change only the order
+Each sentence's output limit is its own (search.output_limits), so its translation is the one
+`search.greedy_search` gives it (tests/test_refill.py): the rows beside it change only the order
 of float sums in the padded positions, as the batch shapes of `Predictor` do. Sentences are
 taken longest first, so the tail is of short sentences. One device, one process; greedy, no
-constraint (`Predictor.refills`).
+constraint, a cache that offers a ring (`Predictor.refills`, `Decoder.refills`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.decoding import decoder as decoder_lib
 from transformer_jax.decoding import top_k
 from transformer_jax.decoding.batch_shapes import Shapes
-from transformer_jax.model import kv_cache
-from transformer_jax.model.incremental import IncrementalDecoder
 
 _STATIC = {"empty": ("rows", "source", "columns")}  # the programs' static arguments
 
@@ -65,7 +64,7 @@ class RefillGreedy:
   docstring). `extra`: the output limit over the source length (§6.1); `shapes.min_rows` and
   `shapes.shrink` decide the rows of the tail."""
 
-  decoder: IncrementalDecoder  # normalize=False: greedy takes the first maximum of the logits
+  decoder: decoder_lib.Decoder  # normalize=False: greedy takes the first maximum of the logits
   extra: int
   # 256 rows, 16 at a time: the fastest of the sizes measured (docs/experiments.md, refilled rows).
   # The caches hold rows x (W + S) keys and values per decoder layer: ~2.8 GB for
@@ -104,8 +103,8 @@ class RefillGreedy:
   def _empty_impl(self, rows: int, source: int, columns: int) -> RefillCarry:
     """R rows, none holding a sentence (finished)."""
     inputs = jnp.full((rows, source), PAD_ID, jnp.int32)
-    beams, sentence = kv_cache.split(self.decoder.init_cache(inputs, columns))
-    beams = kv_cache.set_row_starts(beams, jnp.zeros(rows, jnp.int32))
+    beams, sentence = decoder_lib.split(self.decoder.init_cache(inputs, columns))
+    beams = self.decoder.restart(beams, jnp.zeros(rows, jnp.int32))
     zeros = jnp.zeros(rows, jnp.int32)
     out = jnp.full((rows, columns), PAD_ID, jnp.int32)
     finished = jnp.ones(rows, bool)
@@ -116,15 +115,15 @@ class RefillGreedy:
     reads their BOS. A row given twice must be given the same sentence (the filler of a short
     chunk)."""
     source, columns = carry.inputs.shape[1], carry.out.shape[1]
-    sentence = kv_cache.pad_source(self.decoder.cross_cache(params, chunk), source)  # [m, .., S]
-    # decode.output_limits: the source's tokens (EOS included) + extra, within W
+    sentence = self.decoder.pad_source(self.decoder.invariant_cache(params, chunk), source)
+    # search.output_limits: the source's tokens (EOS included) + extra, within W
     limit = jnp.minimum(jnp.sum(chunk != PAD_ID, axis=1, dtype=jnp.int32) + self.extra, columns)
     starts = carry.start.at[where].set(carry.step)  # [R]: the carry's and the cache's `row_start`
     wide = source - chunk.shape[1]
     return RefillCarry(
         inputs=carry.inputs.at[where].set(jnp.pad(chunk, ((0, 0), (0, wide)))),
         sentence=jax.tree.map(lambda old, new: old.at[where].set(new), carry.sentence, sentence),
-        beams=kv_cache.set_row_starts(carry.beams, starts),
+        beams=self.decoder.restart(carry.beams, starts),
         token=carry.token.at[where].set(BOS_ID),
         finished=carry.finished.at[where].set(False),
         out=carry.out.at[where].set(PAD_ID),

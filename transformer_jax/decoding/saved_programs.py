@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib.metadata
+import inspect
 import logging
 import os
 import pathlib
@@ -40,7 +41,7 @@ import jax
 import numpy as np
 
 from transformer_jax import files
-from transformer_jax.decoding import decode, refill
+from transformer_jax.decoding import decode, kv_cache, refill, search
 
 SUBDIR = "transformer_jax_programs"  # inside the compilation cache directory
 SUFFIX = ".jaxexport"
@@ -49,7 +50,14 @@ FORMAT = b"transformer_jax saved program v2 sha256="  # header: FORMAT, 64 hex d
 PACKAGES = ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")
 
 # The search's NamedTuples cross the exported programs' boundary: their trees must serialize.
-for _cls in (decode.SearchCarry, decode.GreedyState, decode.BeamState, refill.RefillCarry):
+for _cls in (
+    decode.SearchCarry,
+    search.GreedyState,
+    search.BeamState,
+    refill.RefillCarry,
+    kv_cache.SelfKV,
+    kv_cache.SourceKV,
+):
   jax.export.register_namedtuple_serialization(
       _cls, serialized_name=f"{_cls.__module__}.{_cls.__name__}"
   )
@@ -225,9 +233,31 @@ def predictor_identity(predictor: decode.Predictor) -> str | None:
   else:
     return None
   return (
-      f"{predictor.config!r} extra={predictor.max_decode_extra} stop={predictor.stop} "
-      f"constraint={described}"
+      f"{model_sources(predictor)} {predictor.config!r} extra={predictor.max_decode_extra} "
+      f"stop={predictor.stop} constraint={described}"
   )
+
+
+def model_sources(predictor: decode.Predictor) -> str:
+  """The classes of the predictor's model, its attention and its cache (and their bases), and a
+  sha256 of the files that define them: a variant defined outside this package, then edited, is
+  never served the program of its earlier source."""
+  model = predictor.model
+  classes = [type(model), getattr(model, "attention", None), predictor.decoder.cache]
+  names, paths = [], set()
+  for cls in classes:
+    for c in inspect.getmro(cls) if isinstance(cls, type) else ():
+      if c.__module__.split(".")[0] in ("builtins", "flax", "typing", "abc"):
+        continue
+      names.append(f"{c.__module__}.{c.__qualname__}")
+      try:
+        paths.add(inspect.getsourcefile(c))
+      except TypeError:  # a class with no source file
+        pass
+  digest = hashlib.sha256()
+  for path in sorted(p for p in paths if p):
+    digest.update(path.encode() + b"\0" + pathlib.Path(path).read_bytes() + b"\0")
+  return f"{sorted(set(names))}:{digest.hexdigest()}"
 
 
 def _describe(value) -> str:

@@ -1,1 +1,1 @@
-"""The Transformer of §3: its config, attention, layers, the model, and its incremental form."""
+"""The Transformer of §3: its config, attention and layers; decoding/ steps it."""

@@ -1,9 +1,8 @@
 """The model's hyperparameters (`TransformerConfig`) and the names they take.
 
-This module imports no Flax: attention.py and model.py both read it, config.py validates against
-it, and none of them needs the others to know what a model is. Its fields are the keys of
-`config.model` (transformer_jax/config.py), which builds it as
-`TransformerConfig(vocab_size, **config.model)`.
+This module imports no Flax: attention.py and transformer.py both read it, and
+transformer_jax/config.py validates against it. Its fields are the keys of `config.model`, which
+builds it as `TransformerConfig(vocab_size, **config.model)`, and the modes.
 """
 
 from __future__ import annotations
@@ -17,14 +16,14 @@ import jax.numpy as jnp
 # Token id 0 is padding everywhere (masked out of attention and of the loss); the tokenizers
 # (data/tokenizer.py) give it the same id.
 PAD_ID = 0
-BOS_ID = 2  # the decoder's first input (incremental.py); the tokenizers' BOS
+BOS_ID = 2  # the decoder's first input (decoding/decoder.py); the tokenizers' BOS
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 # How attention runs (attention.py): auto | xla | cudnn | einsum.
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
 
-# What a rematerialised layer keeps from its forward pass (model.py maps each name to a JAX policy):
+# What a rematerialised layer keeps from its forward pass (transformer.py maps each to a policy):
 #   none           no rematerialisation
 #   full           keep only the layer's inputs
 #   dots           keep every matmul output
@@ -46,7 +45,7 @@ class TransformerConfig:
   """Hyperparameters, named as in the paper. Defaults are the base model (Table 3, row 'base').
 
   Modes are made with `.replace(...)`: `deterministic=True` for evaluation (no dropout) and
-  `decode=True` for step-by-step decoding with a KV cache.
+  `decode=True` for step-by-step decoding, its keys and values kept by `cache`.
   """
 
   vocab_size: int
@@ -83,63 +82,53 @@ class TransformerConfig:
   scan_layers: bool = False  # nn.scan over layers; parameters stacked on a leading axis
   deterministic: bool = False
   decode: bool = False
+  # Decode mode: the Flax module class in which each decoder attention layer keeps its keys and
+  # values (attention.py `CachedKeys`; the searches' is decoding/kv_cache.py's).
+  cache: Any = None
 
   def __post_init__(self):
-    # Dataclass is frozen; normalise dtype names through object.__setattr__.
-    object.__setattr__(self, "dtype", as_dtype(self.dtype))
-    object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
-    if self.matmul_dtype is not None:
-      object.__setattr__(self, "matmul_dtype", as_dtype(self.matmul_dtype))
-    checks = [
-        (self.vocab_size > 0, "vocab_size must be positive"),
-        (self.d_model > 0 and self.num_heads > 0, "d_model and num_heads must be positive"),
+    # Frozen: dtype names normalised through object.__setattr__.
+    for name in ("dtype", "param_dtype", "matmul_dtype"):
+      if getattr(self, name) is not None:
+        object.__setattr__(self, name, as_dtype(getattr(self, name)))
+    positive = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len")
+    checks = [(getattr(self, f) > 0, f"{f}={getattr(self, f)} must be positive") for f in positive]
+    checks += [
         (
             (self.key_dim is not None and self.value_dim is not None)
-            or self.d_model % max(self.num_heads, 1) == 0,
+            or self.d_model % self.num_heads == 0,
             f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
             "(or set key_dim and value_dim)",
         ),
         (
-            all(d is None or d > 0 for d in (self.key_dim, self.value_dim)),
-            f"key_dim={self.key_dim} and value_dim={self.value_dim} must be positive or None",
+            all(
+                d is None or d > 0 for d in (self.key_dim, self.value_dim, self.num_decoder_layers)
+            ),
+            f"key_dim={self.key_dim}, value_dim={self.value_dim} and num_decoder_layers="
+            f"{self.num_decoder_layers} must be positive or None",
         ),
-        (self.num_layers >= 1, f"num_layers={self.num_layers} must be >= 1"),
         (
-            self.num_decoder_layers is None or self.num_decoder_layers >= 1,
-            f"num_decoder_layers={self.num_decoder_layers} must be >= 1 or None",
-        ),
-        (self.d_ff > 0, f"d_ff={self.d_ff} must be positive"),
-        (0.0 <= self.dropout_rate < 1.0, f"dropout_rate={self.dropout_rate} not in [0, 1)"),
-        (
-            0.0 <= self.attention_dropout_rate < 1.0,
-            f"attention_dropout_rate={self.attention_dropout_rate} not in [0, 1)",
-        ),
-        (self.max_len > 0, f"max_len={self.max_len} must be positive"),
-        (
-            self.positional in ("sinusoidal", "learned"),
-            f"positional={self.positional!r}; expected 'sinusoidal' or 'learned'",
+            0.0 <= self.dropout_rate < 1.0 and 0.0 <= self.attention_dropout_rate < 1.0,
+            f"dropout_rate={self.dropout_rate}, attention_dropout_rate="
+            f"{self.attention_dropout_rate}: not in [0, 1)",
         ),
         (
             self.relative_positions >= 0,
-            f"relative_positions={self.relative_positions} must be >= 0 (0: none)",
-        ),
-        (
-            self.norm_position in ("post", "pre"),
-            f"norm_position={self.norm_position!r}; expected 'post' or 'pre'",
+            f"relative_positions={self.relative_positions} must be >= 0",
         ),
         (
             self.positional != "sinusoidal" or self.d_model % 2 == 0,
             f"sinusoidal positions need an even d_model, got {self.d_model}",
         ),
-        (
-            self.attention_impl in ATTENTION_IMPLS,
-            f"attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}",
-        ),
-        (
-            self.remat_policy in REMAT_POLICIES,
-            f"remat_policy={self.remat_policy!r}; expected one of {REMAT_POLICIES}",
-        ),
     ]
+    for field, value, allowed in (
+        ("positional", self.positional, ("sinusoidal", "learned")),
+        ("norm_position", self.norm_position, ("post", "pre")),
+        ("attention_impl", self.attention_impl, ATTENTION_IMPLS),
+        ("remat_policy", self.remat_policy, REMAT_POLICIES),
+    ):
+      expected = " or ".join(map(repr, allowed)) if len(allowed) == 2 else f"one of {allowed}"
+      checks.append((value in allowed, f"{field}={value!r}; expected {expected}"))
     for ok, message in checks:
       if not ok:
         raise ValueError(f"TransformerConfig: {message}")

@@ -1,16 +1,18 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), §3, in Flax linen.
 
-Shapes: b batch, s source length, t target length, e d_model, f d_ff, v vocabulary, n layers.
+Shapes: b batch, s source length, t target length, e d_model, f d_ff, v vocabulary.
 
-Two switches change how the layer stacks run, not what they compute:
-  remat_policy  rematerialise each layer in the backward pass (`nn.remat`): activation memory
-                per layer drops to its inputs (plus what the policy saves) for one more forward.
-  scan_layers   run each stack as `nn.scan` over one layer with stacked parameters [n, ...]
-                (`encoder/layers/...`, logical axis "layers"): compile time no longer grows with
-                depth. `stack_layer_params`/`unstack_layer_params` convert the parameter trees.
+A variant passes its own attention layer (`attention`, a subclass of MultiHeadAttention:
+docs/changing_the_model.md); training and decoding both run it. Two switches change how the
+layer stacks run, not what they compute: `remat_policy` rematerialises each layer in the backward
+pass (`nn.remat`), and `scan_layers` runs each stack as `nn.scan` over one layer with stacked
+parameters [n, ...] (`encoder/layers/...`, logical axis "layers"), so compile time no longer grows
+with depth (parallel/layer_params.py converts the trees; a search decodes the unrolled stack).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -27,15 +29,12 @@ from transformer_jax.model.attention import (
 from transformer_jax.model.config import PAD_ID, TransformerConfig
 from transformer_jax.parallel import sharding
 
-# The JAX policy of each of model_config.REMAT_POLICIES: what a rematerialised layer saves.
+# What a rematerialised layer saves, for each of config.REMAT_POLICIES.
 _REMAT_SAVEABLE = {
     "full": None,  # only the layer's inputs
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-# ----------------------------------------------------------------------------- positions
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
@@ -57,20 +56,15 @@ class AddPositions(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array | None) -> jax.Array:
     cfg = self.config
-    length = x.shape[1]
     if cfg.positional == "sinusoidal":
       table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
     else:
-      table = self.param(
-          "position_embedding",
-          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, sharding.EMBED)),
-          (cfg.max_len, cfg.d_model),
-          cfg.param_dtype,
-      )
+      init = nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, sharding.EMBED))
+      table = self.param("position_embedding", init, (cfg.max_len, cfg.d_model), cfg.param_dtype)
     if positions is None:
-      if length > cfg.max_len:
-        raise ValueError(f"sequence length {length} exceeds max_len={cfg.max_len}")
-      pos = table[None, :length]  # [1, L, e]
+      if x.shape[1] > cfg.max_len:
+        raise ValueError(f"sequence length {x.shape[1]} exceeds max_len={cfg.max_len}")
+      pos = table[None, : x.shape[1]]  # [1, L, e]
     else:
       pos = jnp.take(table, positions, axis=0)  # [b, L, e]
     return x + pos.astype(x.dtype)
@@ -79,30 +73,34 @@ class AddPositions(nn.Module):
 class RelativePositions(nn.Module):
   """The encoder's relative positions (`relative_positions` K; a deviation, off by default): a
   learned scalar per head for each key's offset from its query, clipped to [-K, K] (Shaw et al.
-  2018), added to the attention logits of every encoder layer (one table, as in T5).
+  2018), added to the logits of every encoder layer (one table, as in T5). It starts at zero, so
+  an untrained model attends as without it.
 
-  positions [b | 1, s] int (a packed row's restart at each sentence) -> bias [b | 1, h, s, s]:
-  bias[:, h, q, k] = table[clip(pos_k - pos_q, -K, K) + K, h]. The table starts at zero, so an
-  untrained model attends as without it."""
+  positions [b | 1, s] -> bias [b | 1, h, s, s]: bias[:, h, q, k] = table[clip(k - q) + K, h]."""
 
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, positions: jax.Array) -> jax.Array:
-    cfg = self.config
-    clip = cfg.relative_positions  # K
-    table = self.param(
-        "bias",
-        nn.with_logical_partitioning(nn.initializers.zeros, (None, sharding.HEADS)),
-        (2 * clip + 1, cfg.num_heads),
-        cfg.param_dtype,
-    )  # [2K + 1, h]
+    cfg, clip = self.config, self.config.relative_positions
+    init = nn.with_logical_partitioning(nn.initializers.zeros, (None, sharding.HEADS))
+    table = self.param("bias", init, (2 * clip + 1, cfg.num_heads), cfg.param_dtype)  # [2K+1, h]
     offset = positions[:, None, :] - positions[:, :, None]  # [b, q, k]: key minus query
     offset = jnp.clip(offset, -clip, clip) + clip  # [b, q, k]: rows of the table
     return jnp.take(table, offset, axis=0).transpose(0, 3, 1, 2)  # [b, h, q, k]
 
 
-# ----------------------------------------------------------------------------- blocks
+def _dense(cfg: TransformerConfig, features: int, axes: tuple, name: str) -> nn.Dense:
+  """A Dense layer (kernel `axes` = (in, out), a bias) in cfg's dtypes."""
+  return nn.Dense(
+      features,
+      dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype,
+      dot_general=config_lib.dot_general(cfg),
+      kernel_init=nn.with_logical_partitioning(default_kernel_init, axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+      name=name,
+  )
 
 
 class FeedForward(nn.Module):
@@ -113,34 +111,9 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
-    h = nn.Dense(
-        cfg.d_ff,
-        dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype,
-        dot_general=config_lib.dot_general(cfg),
-        kernel_init=nn.with_logical_partitioning(
-            default_kernel_init, (sharding.EMBED, sharding.MLP)
-        ),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.MLP,)),
-        name="wi",
-    )(
-        x
-    )  # [b, L, f]
-    h = nn.relu(h)
+    h = nn.relu(_dense(cfg, cfg.d_ff, (sharding.EMBED, sharding.MLP), "wi")(x))  # [b, L, f]
     h = nn.with_logical_constraint(h, (sharding.BATCH, sharding.LENGTH, sharding.MLP))
-    return nn.Dense(
-        cfg.d_model,
-        dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype,
-        dot_general=config_lib.dot_general(cfg),
-        kernel_init=nn.with_logical_partitioning(
-            default_kernel_init, (sharding.MLP, sharding.EMBED)
-        ),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)),
-        name="wo",
-    )(
-        h
-    )  # [b, L, e]
+    return _dense(cfg, cfg.d_model, (sharding.MLP, sharding.EMBED), "wo")(h)  # [b, L, e]
 
 
 def layer_norm(cfg: TransformerConfig, name: str, axis: str = sharding.EMBED) -> nn.LayerNorm:
@@ -156,11 +129,8 @@ def layer_norm(cfg: TransformerConfig, name: str, axis: str = sharding.EMBED) ->
 
 
 class SubLayer(nn.Module):
-  """Residual + dropout + LayerNorm around one sub-layer.
-
-  post-LN (§3.1, §5.4): LayerNorm(x + Dropout(Sublayer(x))).
-  pre-LN:               x + Dropout(Sublayer(LayerNorm(x))).
-  """
+  """post-LN (§3.1, §5.4): LayerNorm(x + Dropout(Sublayer(x))); pre-LN: x +
+  Dropout(Sublayer(LayerNorm(x)))."""
 
   config: TransformerConfig
 
@@ -178,13 +148,14 @@ class EncoderLayer(nn.Module):
   """Self-attention then FFN (§3.1, encoder)."""
 
   config: TransformerConfig
+  attention: Any = MultiHeadAttention  # the attention layer's class
   scanned: bool = False  # return (x, None), the (carry, output) pair nn.scan expects
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: AttentionMask | jax.Array | None):
+  def __call__(self, x: jax.Array, mask: AttentionMask | jax.Array | None, positions=None):
     cfg = self.config
-    attention = MultiHeadAttention(cfg, kind="encoder", name="self_attention")
-    x = SubLayer(cfg, name="attention_block")(x, lambda y: attention(y, y, mask))
+    attention = self.attention(cfg, kind="encoder", name="self_attention")
+    x = SubLayer(cfg, name="attention_block")(x, lambda y: attention(y, y, mask, positions))
     x = SubLayer(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"))
     x = nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
     return (x, None) if self.scanned else x
@@ -194,25 +165,20 @@ class DecoderLayer(nn.Module):
   """Masked self-attention, encoder-decoder attention, then FFN (§3.1, decoder)."""
 
   config: TransformerConfig
+  attention: Any = MultiHeadAttention  # the attention layers' class
   scanned: bool = False  # return (y, None), the (carry, output) pair nn.scan expects
 
   @nn.compact
-  def __call__(
-      self,
-      y: jax.Array,  # [b, t, e]
-      encoded: jax.Array | None,  # [b, s, e]; None while decoding from the cache
-      self_mask: AttentionMask | jax.Array | None,
-      cross_mask: AttentionMask | jax.Array | None,
-      cache_slots: jax.Array | None = None,  # decode mode, beam search (kv_cache.py)
-  ):
+  def __call__(self, y, encoded, self_mask, cross_mask, positions=None):
+    """y [b, t, e]; encoded [b, s, e] (None while decoding from the cache); positions [b | 1, t]."""
     cfg = self.config
-    self_attention = MultiHeadAttention(cfg, kind="causal", name="self_attention")
-    cross_attention = MultiHeadAttention(cfg, kind="cross", name="cross_attention")
+    self_attention = self.attention(cfg, kind="causal", name="self_attention")
+    cross_attention = self.attention(cfg, kind="cross", name="cross_attention")
     y = SubLayer(cfg, name="self_attention_block")(
-        y, lambda z: self_attention(z, z, self_mask, cache_slots)
+        y, lambda z: self_attention(z, z, self_mask, positions)
     )
     y = SubLayer(cfg, name="cross_attention_block")(
-        y, lambda z: cross_attention(z, encoded, cross_mask)
+        y, lambda z: cross_attention(z, encoded, cross_mask, positions)
     )
     y = SubLayer(cfg, name="ffn_block")(y, FeedForward(cfg, name="ffn"))
     y = nn.with_logical_constraint(y, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
@@ -228,14 +194,9 @@ class Embed(nn.Module):
     cfg = self.config
     # N(0, d_model^-1/2): after the √d_model scaling the embeddings have unit variance, the same
     # scale as the sinusoidal positions they are added to (tensor2tensor's choice).
-    self.embedding = self.param(
-        "embedding",
-        nn.with_logical_partitioning(
-            nn.initializers.normal(stddev=cfg.d_model**-0.5), (sharding.VOCAB, sharding.EMBED)
-        ),
-        (cfg.vocab_size, cfg.d_model),
-        cfg.param_dtype,
-    )
+    init = nn.initializers.normal(stddev=cfg.d_model**-0.5)
+    init = nn.with_logical_partitioning(init, (sharding.VOCAB, sharding.EMBED))
+    self.embedding = self.param("embedding", init, (cfg.vocab_size, cfg.d_model), cfg.param_dtype)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     cfg = self.config
@@ -261,154 +222,72 @@ def _output_projection(x: jax.Array, embedding: jax.Array) -> jax.Array:
   return jnp.einsum("bte,ve->btv", x, embedding, preferred_element_type=jnp.float32)
 
 
-def _output_projection_fwd(x, embedding):
-  return _output_projection(x, embedding), (x, embedding)
-
-
 def _output_projection_bwd(residuals, g):
   """The gradients JAX's own rule computes (same dtypes: float32 accumulation, cast back)."""
   x, embedding = residuals  # g: [b, t, v] float32
-  dx = jax.lax.dot_general(
-      g, embedding, (((2,), (0,)), ((), ())), preferred_element_type=jnp.float32
-  )  # [b, t, e]
+  f32 = jnp.float32
+  dx = jax.lax.dot_general(g, embedding, (((2,), (0,)), ((), ())), preferred_element_type=f32)
   x_t = jax.lax.optimization_barrier(jnp.transpose(x, (2, 0, 1)))  # [e, b, t], materialised
   d_embedding = jax.lax.dot_general(
-      x_t, g, (((1, 2), (0, 1)), ((), ())), preferred_element_type=jnp.float32
+      x_t, g, (((1, 2), (0, 1)), ((), ())), preferred_element_type=f32
   ).T  # [e, v] -> [v, e]
-  return dx.astype(x.dtype), d_embedding.astype(embedding.dtype)
+  return dx.astype(x.dtype), d_embedding.astype(embedding.dtype)  # [b, t, e], [v, e]
 
 
-_output_projection.defvjp(_output_projection_fwd, _output_projection_bwd)
+_output_projection.defvjp(lambda x, e: (_output_projection(x, e), (x, e)), _output_projection_bwd)
 
 
-# ----------------------------------------------------------------------------- stacks
-
-
-def _maybe_remat(layer_cls, cfg: TransformerConfig):
-  """The layer class, rematerialised under `cfg.remat_policy` (never in decode mode: no
-  backward pass there)."""
-  if cfg.remat_policy == "none" or cfg.decode:
-    return layer_cls
-  # prevent_cse stops XLA from merging the recomputation back into the forward pass; inside
-  # nn.scan the loop boundary already does that, and the flag would only block optimisations.
-  return nn.remat(
-      layer_cls, policy=_REMAT_SAVEABLE[cfg.remat_policy], prevent_cse=not cfg.scan_layers
-  )
-
-
-def _scan_layers(layer_cls, num_layers: int, num_broadcast_args: int):
-  """nn.scan over `num_layers` copies of a layer: parameters [n, ...] (logical axis "layers"),
-  a fresh dropout key per layer, and the non-carried arguments (masks, encoder output) shared."""
-  return nn.scan(
-      layer_cls,
-      variable_axes={"params": 0},
-      split_rngs={"params": True, "dropout": True},
-      in_axes=(nn.broadcast,) * num_broadcast_args,
-      length=num_layers,
-      metadata_params={nn.PARTITION_NAME: sharding.LAYERS},
-  )
-
-
-def _is_boxed(x) -> bool:
-  return isinstance(x, nn.LogicallyPartitioned)
-
-
-def _stack(*xs):
-  """Stacks layer values on a new leading axis; boxed values get the logical name "layers"."""
-  if _is_boxed(xs[0]):
-    return xs[0].replace(
-        value=jnp.stack([x.value for x in xs]), names=(sharding.LAYERS, *xs[0].names)
+def _stack(layer_cls, cfg: TransformerConfig, attention, num_layers: int, args: tuple, name=""):
+  """`num_layers` layers applied in turn to args[0] (the others shared): unrolled (`layer_i`), or
+  one layer under nn.scan (`layers`, parameters [n, ...], a fresh dropout key per layer);
+  rematerialised under `cfg.remat_policy` (never in decode mode: no backward pass there)."""
+  if cfg.remat_policy != "none" and not cfg.decode:
+    # prevent_cse stops XLA from merging the recomputation back into the forward pass; inside
+    # nn.scan the loop boundary already does that, and the flag would only block optimisations.
+    policy = _REMAT_SAVEABLE[cfg.remat_policy]
+    layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=not cfg.scan_layers)
+  if cfg.scan_layers:
+    if cfg.decode:
+      raise ValueError("a scanned stack decodes unrolled (decoding/decoder.py unstacks it)")
+    scanned = nn.scan(
+        layer_cls,
+        variable_axes={"params": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * (len(args) - 1),
+        length=num_layers,
+        metadata_params={nn.PARTITION_NAME: sharding.LAYERS},
     )
-  return jnp.stack(xs)
-
-
-def stack_layer_params(params):
-  """Unrolled parameters (`layer_0`, `layer_1`, ... under a stack) -> scanned (`layers`, [n, ...]).
-
-  Works on any (sub)tree: every dict holding `layer_0` is converted; other entries are kept.
-  """
-  if not isinstance(params, dict) and not hasattr(params, "items"):
-    return params
-  params = dict(params)
-  if "layer_0" in params:
-    n = sum(1 for k in params if k.startswith("layer_"))
-    layers = [params.pop(f"layer_{i}") for i in range(n)]
-    params["layers"] = jax.tree.map(_stack, *layers, is_leaf=_is_boxed)  # [n, ...]
-  return {k: stack_layer_params(v) for k, v in params.items()}
-
-
-def unstack_layer_params(params):
-  """Scanned parameters (`layers`, [n, ...]) -> unrolled (`layer_0`, ...); inverse of the above."""
-  if not isinstance(params, dict) and not hasattr(params, "items"):
-    return params
-  params = dict(params)
-  if "layers" in params:
-    stacked = params.pop("layers")
-    n = jax.tree.leaves(stacked)[0].shape[0]
-    for i in range(n):
-      params[f"layer_{i}"] = jax.tree.map(lambda x, i=i: _index(x, i), stacked, is_leaf=_is_boxed)
-  return {k: unstack_layer_params(v) for k, v in params.items()}
-
-
-def _index(x, i: int):
-  if _is_boxed(x):
-    return x.replace(value=x.value[i], names=x.names[1:])
-  return x[i]
-
-
-class _DecoderLayersFromStack(nn.Module):
-  """Decode mode of a scanned decoder: the stacked parameters, run one layer after another, so
-  each layer keeps its own KV cache (kv_cache.py)."""
-
-  config: TransformerConfig
-
-  @nn.compact
-  def __call__(self, y, encoded, self_mask, cross_mask, cache_slots):
-    for i in range(self.config.decoder_layers):
-      layer = DecoderLayer(self.config, name=f"layer_{i}")
-      y = layer(y, encoded, self_mask, cross_mask, cache_slots)
-    return y
-
-
-def _unstack_variables(variables):
-  # {collection: {"layer_0": ..., ...}} <-> {collection: stacked}; map_variables passes collections.
-  return {col: unstack_layer_params({"layers": tree}) for col, tree in variables.items()}
-
-
-def _stack_variables(variables):
-  return {col: stack_layer_params({"layers": tree})["layers"] for col, tree in variables.items()}
+    return scanned(cfg, attention, scanned=True, name="layers")(*args)[0]
+  x = args[0]
+  for i in range(num_layers):
+    x = layer_cls(cfg, attention, name=f"layer_{i}")(x, *args[1:])
+  return x
 
 
 class Encoder(nn.Module):
   config: TransformerConfig
   embed: Embed
+  attention: Any = MultiHeadAttention
 
   @nn.compact
   def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
     """inputs [b, s] ids -> encoded [b, s, e]."""
     cfg = self.config
-    ids = inputs  # [b, s]
-    bias = None
-    if cfg.relative_positions:
-      positions = jnp.arange(ids.shape[1])[None] if inputs_positions is None else inputs_positions
-      bias = RelativePositions(cfg, name="relative_positions")(positions)  # [b | 1, h, s, s]
+    positions = jnp.arange(inputs.shape[1])[None] if inputs_positions is None else inputs_positions
     mask = AttentionMask(
-        key_valid=ids != PAD_ID,  # [b, s]
+        key_valid=inputs != PAD_ID,  # [b, s]
         extra=None
         if inputs_segmentation is None
         else segment_mask(inputs_segmentation, inputs_segmentation),  # [b, 1, s, s]
-        bias=bias,
+        bias=RelativePositions(cfg, name="relative_positions")(positions)  # [b | 1, h, s, s]
+        if cfg.relative_positions
+        else None,
     )
-    x = self.embed(ids)  # [b, s, e]
+    x = self.embed(inputs)  # [b, s, e]
     x = AddPositions(cfg, name="positions")(x, inputs_positions)
     # §5.4: dropout on the sums of the embeddings and the positional encodings.
     x = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(x)
-    layer = _maybe_remat(EncoderLayer, cfg)
-    if cfg.scan_layers:
-      x, _ = _scan_layers(layer, cfg.num_layers, 1)(cfg, scanned=True, name="layers")(x, mask)
-    else:
-      for i in range(cfg.num_layers):
-        x = layer(cfg, name=f"layer_{i}")(x, mask)
+    x = _stack(EncoderLayer, cfg, self.attention, cfg.num_layers, (x, mask, positions))
     if cfg.norm_position == "pre":
       x = layer_norm(cfg, "final_norm")(x)
     return x  # [b, s, e]
@@ -417,6 +296,7 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
   config: TransformerConfig
   embed: Embed
+  attention: Any = MultiHeadAttention
 
   @nn.compact
   def __call__(
@@ -427,14 +307,10 @@ class Decoder(nn.Module):
       targets_positions=None,
       inputs_segmentation=None,
       targets_segmentation=None,
-      cache_slots=None,  # decode mode, beam search: [b, k, n] int32 (kv_cache.py)
   ) -> jax.Array:
     cfg = self.config
-    if cfg.decode:
-      # The KV cache builds the causal mask from its write index and, in a beam search, from the
-      # table of which beam's slot holds each position of each prefix (kv_cache.py).
-      self_mask = None
-    else:
+    self_mask = None  # decode mode: the cache knows which keys each step may see (§3.2.3)
+    if not cfg.decode:
       self_mask = AttentionMask(
           key_valid=decoder_inputs != PAD_ID,  # [b, t]
           extra=None
@@ -451,35 +327,24 @@ class Decoder(nn.Module):
     y = self.embed(decoder_inputs)  # [b, t, e]
     y = AddPositions(cfg, name="positions")(y, targets_positions)
     y = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(y)
-    layer = _maybe_remat(DecoderLayer, cfg)
-    if cfg.scan_layers and not cfg.decode:
-      scanned = _scan_layers(layer, cfg.decoder_layers, 3)(cfg, scanned=True, name="layers")
-      y, _ = scanned(y, encoded, self_mask, cross_mask)
-    elif cfg.scan_layers:  # decoding: per-layer caches, read from the stacked parameters
-      unrolled = nn.map_variables(
-          _DecoderLayersFromStack,
-          "params",
-          trans_in_fn=_unstack_variables,
-          trans_out_fn=_stack_variables,
-          init=self.is_initializing(),
-      )
-      y = unrolled(cfg, name="layers")(y, encoded, self_mask, cross_mask, cache_slots)
-    else:
-      for i in range(cfg.decoder_layers):
-        y = layer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask, cache_slots)
+    positions = jnp.arange(y.shape[1])[None] if targets_positions is None else targets_positions
+    args = (y, encoded, self_mask, cross_mask, positions)
+    y = _stack(DecoderLayer, cfg, self.attention, cfg.decoder_layers, args)
     if cfg.norm_position == "pre":
       y = layer_norm(cfg, "final_norm")(y)
     return y  # [b, t, e]
 
 
 class Transformer(nn.Module):
-  """Encoder-decoder Transformer. `encode` and `decode` are usable on their own (for decoding).
+  """Encoder-decoder Transformer. `encode` and `decode` are usable on their own: a search steps
+  `decode` one token at a time in decode mode (decoding/decoder.py).
 
   Token id PAD_ID (0) is padding everywhere. Packed batches pass `*_segmentation` (sentence ids,
   0 = padding) and `*_positions` (restarting at 0 for each sentence).
   """
 
   config: TransformerConfig
+  attention: Any = MultiHeadAttention  # every attention layer's class (a variant's own)
 
   def setup(self):
     cfg = self.config
@@ -488,8 +353,7 @@ class Transformer(nn.Module):
       self.shared_embedding = Embed(cfg)
       source_embed = target_embed = self.shared_embedding
     else:
-      self.source_embedding = Embed(cfg)
-      self.target_embedding = Embed(cfg)
+      self.source_embedding, self.target_embedding = Embed(cfg), Embed(cfg)
       source_embed, target_embed = self.source_embedding, self.target_embedding
       self.output_projection = nn.DenseGeneral(
           cfg.vocab_size,
@@ -501,8 +365,8 @@ class Transformer(nn.Module):
               default_kernel_init, (sharding.EMBED, sharding.VOCAB)
           ),
       )
-    self.encoder = Encoder(cfg, embed=source_embed)
-    self.decoder = Decoder(cfg, embed=target_embed)
+    self.encoder = Encoder(cfg, embed=source_embed, attention=self.attention)
+    self.decoder = Decoder(cfg, embed=target_embed, attention=self.attention)
 
   def encode(self, inputs, inputs_positions=None, inputs_segmentation=None) -> jax.Array:
     """inputs [b, s] -> encoded [b, s, e]."""
@@ -516,24 +380,14 @@ class Transformer(nn.Module):
       targets_positions=None,
       inputs_segmentation=None,
       targets_segmentation=None,
-      cache_slots=None,
   ) -> jax.Array:
-    """-> logits [b, t, v], float32. In decode
-    mode t = 1 and `encoded` may be None (cached).
-
-    Decode mode with k beams per sentence: decoder_inputs has b*k rows (sentence-major) while
-    `inputs` and `encoded` keep b, and `cache_slots` [b, k, n] says which beam's cache slot holds
-    each position of each beam's prefix (kv_cache.py).
-    """
+    """-> logits [b, t, v], float32. In decode mode t = 1, `encoded` is given on the first step
+    only (the cache keeps what it needs), and a sentence may have several rows (its beams:
+    decoder_inputs [r, 1] with r a multiple of `inputs`' b, sentence-major)."""
     y = self.decoder(
-        encoded,
-        inputs,
-        decoder_inputs,
-        targets_positions,
-        inputs_segmentation,
+        encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation,
         targets_segmentation,
-        cache_slots,
-    )
+    )  # fmt: skip
     if not self.config.share_embeddings:
       return self.output_projection(y).astype(jnp.float32)
     return self.shared_embedding.attend(y)
@@ -550,10 +404,6 @@ class Transformer(nn.Module):
     """inputs [b, s], decoder_inputs [b, t] (BOS + target, shifted right) -> logits [b, t, v]."""
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
     return self.decode(
-        encoded,
-        inputs,
-        decoder_inputs,
-        targets_positions,
-        inputs_segmentation,
+        encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation,
         targets_segmentation,
-    )
+    )  # fmt: skip

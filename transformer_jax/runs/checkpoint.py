@@ -265,11 +265,14 @@ def mean_params(steps: list[int], load_params):
 AVERAGED_DIR = "averaged"
 
 
-def save_averaged(workdir: str, params, steps: list[int]) -> str:
+def save_averaged(workdir: str, params, steps: list[int], selection: dict | None = None) -> str:
   """Writes averaged parameters to `workdir/averaged` (replacing an older average), and
-  `steps.json`: the steps averaged and the parameters' digest."""
+  `steps.json`: the steps averaged, the parameters' digest and, for an average chosen on
+  validation (train.select_on_validation), `selection`: its metric, score and step."""
   path = os.path.abspath(os.path.join(workdir, AVERAGED_DIR))
   record = {"steps": [int(s) for s in steps], "format": DIGEST_FORMAT}
+  if selection is not None:
+    record["selection"] = selection
   record["state"] = {f"params/{k}": v for k, v in digest.tree_digest(params).items()}
   # An older average's record must not vouch for these parameters while they are written.
   stale = epath.Path(path) / "steps.json"

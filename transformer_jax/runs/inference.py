@@ -18,6 +18,7 @@ average, plot_attention and benchmarks/decode.py.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -31,10 +32,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from transformer_jax import config as config_lib
-from transformer_jax import errors, tasks
+from transformer_jax import errors, files, tasks
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
-from transformer_jax.decoding import decode
+from transformer_jax.decoding import decode, decoder
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import sharding, xla_flags
@@ -156,15 +157,18 @@ def resolve_checkpoint(workdir: str, which: str, average_last: int) -> tuple[str
   """`which` ("auto", "latest", "avg" or a step) -> ("avg", None) or ("step", step).
 
   "auto" is what the run's final evaluation used: the average when the run averages
-  (train.average_last) and the average includes the latest checkpoint, else the latest.
+  (train.average_last) and the average includes the latest checkpoint, or when the average was
+  chosen on validation (train.select_on_validation); else the latest.
   """
   if which not in ("auto", "latest", "avg") and not str(which).isdigit():
     raise errors.UserError(f"--checkpoint={which!r}: expected {CHECKPOINT_CHOICES}")
   steps = checkpoint_steps(workdir)
   if which == "auto":
-    averaged = averaged_steps(workdir)
+    record = checkpoint.averaged_record(workdir)
+    averaged = None if record is None else record["steps"]
     current = bool(averaged) and bool(steps) and max(averaged) == max(steps)
-    which = "avg" if average_last and current else "latest"
+    chosen = record is not None and "selection" in record  # chosen on validation: the run's
+    which = "avg" if (average_last and current) or chosen else "latest"
   if which == "avg":
     return "avg", None
   if not steps:
@@ -369,6 +373,43 @@ def _to_global(batch_sharding, inputs: np.ndarray) -> jax.Array:
   return jax.make_array_from_process_local_data(batch_sharding, inputs[start : start + rows])
 
 
+MODEL_FILE = "model.json"  # the classes of a run's model, written when it starts
+
+
+def describe_model(model: nn.Module) -> dict:
+  """The classes of `model` and of its attention layers (a variant's own: tasks/base.py)."""
+  name = lambda cls: f"{cls.__module__}.{cls.__qualname__}"  # noqa: E731
+  described = {"model": name(type(model))}
+  if isinstance(getattr(model, "attention", None), type):
+    described["attention"] = name(model.attention)
+  return described
+
+
+def write_model_description(workdir: str, model: nn.Module) -> None:
+  """Records `describe_model(model)` in the workdir (the chief's), atomically."""
+
+  def write(tmp):
+    with open(tmp, "w") as f:
+      json.dump(describe_model(model), f, indent=2)
+
+  files.atomic_write(os.path.join(workdir, MODEL_FILE), write)
+
+
+def check_model(workdir: str, model: nn.Module) -> None:
+  """Refuses, in one line, to decode a run with another model than the one it trained: the
+  task that builds its variant must be registered in this process (docs/changing_the_model.md).
+  A run with no model.json (written before it existed) is not checked."""
+  path = os.path.join(workdir, MODEL_FILE)
+  if not os.path.exists(path):
+    return
+  trained, built = files.read_json(path), describe_model(model)
+  if trained != built:
+    raise errors.UserError(
+        f"{workdir} trained {trained}, but its task builds {built} here: register the task "
+        "that builds its model before loading it (docs/changing_the_model.md)"
+    )
+
+
 def load_run(
     workdir: str,
     which: str = "auto",
@@ -392,6 +433,7 @@ def load_run(
   except (FileNotFoundError, ValueError) as e:
     raise errors.UserError(str(e)) from e
   model = task.build_model(config, tokenizer)
+  check_model(workdir, model)
   mesh = sharding.make_mesh(config.mesh, devices)
   abstract = abstract_params(model, sharding.replicated(mesh))
   kind, step = resolve_checkpoint(workdir, which, config.train.average_last)
@@ -409,20 +451,25 @@ def load_run(
 
 
 def run_predictor(config, task, model: nn.Module, tokenizer: Tokenizer) -> Any:
-  """What decodes a run of `task`: the task's predictor, or the search (`eval_predictor`) under
-  the task's constraint."""
+  """What decodes a run of `task`: the task's predictor, or the search (`eval_predictor`) over
+  the run's model under the task's constraint."""
   return task.predictor(config, model, tokenizer) or eval_predictor(
-      config, model.config, task.constraint(config, tokenizer)
+      config, model, task.constraint(config, tokenizer)
   )
 
 
-def eval_predictor(config, model_config: TransformerConfig, constraint: Any) -> decode.Predictor:
-  """The search of a run's eval settings (output limit, beam, α, shapes) with `constraint` (the
-  task's, tasks/base.py; None for none): the final evaluation's and the commands'."""
+def eval_predictor(config, model: nn.Module, constraint: Any) -> decode.Predictor:
+  """The search of a run's eval settings (output limit, beam, α, shapes) over `model` (the run's,
+  `Task.build_model`; refused in one line if the searches cannot decode it: decoder.py) with
+  `constraint` (the task's, tasks/base.py; None for none): the final evaluation's and the
+  commands'."""
+  if isinstance(model, TransformerConfig):  # the paper's Transformer of it
+    model = Transformer(model)
+  decoder.check_decodable(model)
   if config.eval.get("matmul_dtype"):  # a deviation for speed (config.py)
-    model_config = model_config.replace(matmul_dtype=config.eval.matmul_dtype)
+    model = model.clone(config=model.config.replace(matmul_dtype=config.eval.matmul_dtype))
   return decode.Predictor(
-      model_config,
+      model,
       config.eval.max_decode_extra,
       config.eval.beam_size,
       config.eval.alpha,

@@ -70,7 +70,7 @@ class ExportError(errors.UserError):
 
 def output_limit(num_source_ids: int, extra: int, max_len: int) -> int:
   """`max_decoding_length` for one sentence that makes CTranslate2 stop where the project's search
-  does (decode.output_limits): its source ids, EOS and `eval.max_decode_extra`, within the
+  does (search.output_limits): its source ids, EOS and `eval.max_decode_extra`, within the
   position table. CTranslate2 takes one limit per call; decode the sentences of one limit
   together, or decode longer and cut each greedy output at its own limit, which is exact
   (greedy never looks ahead)."""
@@ -91,14 +91,17 @@ def import_ctranslate2():
 def unsupported_reason(model) -> str | None:
   """Why CTranslate2 cannot express this model exactly (None: it can). `model`: a run's model
   (tasks/base.py `Task.build_model`), or the TransformerConfig of the paper's Transformer."""
+  from transformer_jax.model.attention import MultiHeadAttention
   from transformer_jax.model.config import TransformerConfig
   from transformer_jax.model.transformer import Transformer
 
-  if not isinstance(model, TransformerConfig | Transformer):
+  if not isinstance(model, TransformerConfig) and (
+      type(model) is not Transformer or model.attention is not MultiHeadAttention
+  ):
     return (
-        f"the run's model is {type(model).__name__} (its task's own), not the paper's "
-        "encoder-decoder Transformer: CTranslate2 runs encoder-decoder searches only, so this "
-        "model cannot be exported to it"
+        f"the run's model is {type(model).__name__} with {getattr(model, 'attention', None)!r} "
+        "(its task's own, or a variant), not the paper's Transformer: CTranslate2 computes the "
+        "paper's layers only, so this model cannot be exported to it"
     )
   model_config = model if isinstance(model, TransformerConfig) else model.config
   if model_config.relative_positions:
@@ -225,7 +228,7 @@ def transformer_spec(model_config, params: Any, tokens: list[str]):
   the vocabulary `tokens` (one per id). Raises ExportError for a model it cannot express."""
   from ctranslate2.specs import transformer_spec as ct2_spec
 
-  from transformer_jax.model.transformer import unstack_layer_params
+  from transformer_jax.parallel.layer_params import unstack_layer_params
 
   reason = unsupported_reason(model_config)
   if reason:

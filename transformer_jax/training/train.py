@@ -232,7 +232,7 @@ class Trainer:
         in_shardings=(self.state_shardings.params, self.batch_sharding),
         out_shardings=self.replicated,
     )
-    self.predictor = predictor or inference.eval_predictor(config, model_config, constraint)
+    self.predictor = predictor or inference.eval_predictor(config, model, constraint)
 
   @classmethod
   def for_task(cls, config, task, tokenizer, devices=None) -> Trainer:
@@ -611,6 +611,10 @@ class _Session:
   manager: Any  # checkpoint.make_manager's Orbax CheckpointManager
   chrono: Chrono
   log: MetricLog | None = None
+  # train.select_on_validation: the best score so far and the step it was found at (0: none)
+  best_score: float = -math.inf
+  best_step: int = 0
+  stopped_by: str = ""
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, devices, task) -> dict:
@@ -620,6 +624,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, devices, task) -> di
   state = _restore_or_init(
       run.manager, run.trainer, run.train_iter, run.chrono, config.seed, workdir
   )
+  if config.train.select_on_validation:  # the choice so far, kept with the averaged checkpoint
+    selection = (checkpoint.averaged_record(workdir) or {}).get("selection")
+    if selection:
+      run.best_score, run.best_step = float(selection["score"]), int(selection["step"])
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("parameters: %d", num_params)
   run.log = MetricLog(workdir)
@@ -645,6 +653,9 @@ def _open_session(config: ml_collections.ConfigDict, workdir: str, devices, task
   iterator, the checkpoint manager and the run's clock."""
   dataset = pipeline.load_dataset(config, workdir, task=task)  # writes or reuses workdir/vocab.*
   trainer = Trainer.for_task(config, task, dataset.tokenizer, devices)
+  inference.check_model(workdir, trainer.train_model)  # a resumed run: the model it trained
+  if distributed.is_chief():
+    inference.write_model_description(workdir, trainer.train_model)
   model_config = trainer.model_config
   train_iter = train_batches(config, dataset, trainer)
   logging.info(
@@ -690,6 +701,9 @@ def _train_loop(run: _Session, state: TrainState) -> tuple[TrainState, bool]:
         t.max_train_minutes,
         chrono.prior_seconds,
     )
+  if _out_of_patience(run, start_step):
+    logging.info("train.patience=%d was spent in earlier sessions: no training", t.patience)
+    last_step, run.stopped_by = start_step, "train.patience"
   dropout_rng = jax.random.fold_in(jax.random.PRNGKey(run.config.seed), 1)
   periodic_eval = functools.partial(
       _periodic_eval,
@@ -745,6 +759,17 @@ def _train_loop(run: _Session, state: TrainState) -> tuple[TrainState, bool]:
             step,
             num_steps,
         )
+      selecting = itstime(step, t.eval_every, last_step=num_steps) or out_of_time
+      if t.select_on_validation and selecting and not preempted:
+        with chrono.paused():
+          _select(run, state, step)
+        if _out_of_patience(run, step) and step < num_steps:
+          logging.info(
+              "train.patience=%d: no better average on validation since step %d, stopping at "
+              "step %d of %d", t.patience, run.best_step, step, num_steps,
+          )  # fmt: skip
+          run.stopped_by = "train.patience"
+          break
       if out_of_time or preempted:
         break
   progress.close()
@@ -757,7 +782,19 @@ def _finish(run: _Session, state: TrainState, facts: dict) -> dict:
   t, step = run.config.train, int(state.step)
   params, evaluated = state.params, f"step {step}"
   held = len(run.manager.all_steps())
-  if t.average_last and held < t.average_last:
+  selection = None
+  if t.select_on_validation and run.best_step:
+    abstract = run.trainer.abstract_state().params
+    params = checkpoint.load_averaged(run.workdir, abstract)
+    steps = checkpoint.averaged_record(run.workdir)["steps"]
+    metric = run.trainer.task.metric
+    evaluated = f"average of steps {steps}, chosen on validation at step {run.best_step}"
+    selection = {
+        f"selected_valid_{metric}": run.best_score,
+        "selected_at_step": run.best_step,
+        "selected_steps": steps,
+    }
+  elif t.average_last and held < t.average_last:
     # A run stopped early (time budget, few steps) has fewer checkpoints than §6.1 averages; the
     # oldest could be the barely trained first one, so evaluate the latest rather than fail here.
     logging.warning(
@@ -778,9 +815,11 @@ def _finish(run: _Session, state: TrainState, facts: dict) -> dict:
   )
   results.update(
       parameters=evaluated,
+      **(selection or {}),
       step=step,
       **facts,
-      stopped_by="train.num_steps" if step >= t.num_steps else "train.max_train_minutes",
+      stopped_by=run.stopped_by
+      or ("train.num_steps" if step >= t.num_steps else "train.max_train_minutes"),
   )
   if distributed.is_chief():
     # Atomically: the sweep takes an existing results.json for a finished row.
@@ -835,6 +874,44 @@ def _train_record(pending, padding, chrono, step, manager, workdir) -> dict:
       "padding_efficiency": float(np.mean(padding)),
       "elapsed_s": round(chrono.session_seconds, 1),  # wall time this session
   }
+
+
+def _out_of_patience(run: _Session, step: int) -> bool:
+  """train.patience evaluations in a row, up to `step`, found no better average."""
+  t = run.config.train
+  return bool(t.patience and run.best_step) and (step - run.best_step) // t.eval_every >= t.patience
+
+
+def _select(run: _Session, state: TrainState, step: int) -> None:
+  """train.select_on_validation: scores the mean of the last train.average_last checkpoints (the
+  latest parameters with 0) on the whole validation split by the task's metric; the best so far
+  becomes the averaged checkpoint, with its score (checkpoint.save_averaged)."""
+  t, trainer = run.config.train, run.trainer
+  run.manager.wait_until_finished()
+  if t.average_last and len(run.manager.all_steps()) >= t.average_last:
+    params, steps = checkpoint.average_manager_params(
+        run.manager, trainer.abstract_state(), t.average_last
+    )
+  else:
+    params, steps = state.params, [step]
+  split = run.dataset.splits["eval"]
+  hypotheses = trainer.decode(params, split.examples, run.eval_buckets, run.dataset.tokenizer)
+  metric = trainer.task.metric
+  score = float(trainer.task.scores(run.config, hypotheses, split.pairs)[metric])
+  if score > run.best_score:
+    run.best_score, run.best_step = score, step
+    selection = {"metric": metric, "score": score, "step": step}
+    checkpoint.save_averaged(run.workdir, params, steps, selection=selection)
+  run.log.write(
+      step,
+      "select",
+      {
+          f"valid_{metric}": score,
+          "averaged_from": int(steps[0]),
+          f"best_valid_{metric}": run.best_score,
+          "best_step": run.best_step,
+      },
+  )
 
 
 def _periodic_eval(trainer, dataset, num_sentences, buckets, log, params, step, elapsed_s):

@@ -42,8 +42,8 @@ every output restores with no repair (data/trees.py) as long as the limit leaves
 sentence's own tree: a tag per word (two tokens per word with `parsing.tree_words`) and EOS, which
 §6.3's input + 300 does for every sentence up to 300 words. The state is recomputed from each
 hypothesis' tokens (depth, words written, innermost phrase), so the searches carry nothing new:
-`decode.Greedy` and `decode.Beam` call the constraint on their prefixes as they are. It answers
-with `decode.Candidates`, the log-probabilities of the ~100 tokens that can ever be legal (tree
+`search.Greedy` and `search.Beam` call the constraint on their prefixes as they are. It answers
+with `search.Candidates`, the log-probabilities of the ~100 tokens that can ever be legal (tree
 tokens, EOS, the next word), so a step's constraint and choice never pass over the vocabulary
 but to sum the words' mass; `reference` is the same over the whole vocabulary.
 
@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS
-from transformer_jax.decoding import decode
+from transformer_jax.decoding import search
 from transformer_jax.tasks.parsing import evalb, trees
 
 # The kinds of token ids.
@@ -130,8 +130,8 @@ class TreeConstraint:
     tag_class = np.array(tag_class, np.int32)
     return cls(kinds, closes, words, punctuation, tag_class, order == "in_order")
 
-  def __call__(self, log_probs, prefixes, limit, inputs) -> decode.Candidates:
-    """The log-probabilities renormalized over the legal tokens, as `decode.Candidates`: those
+  def __call__(self, log_probs, prefixes, limit, inputs) -> search.Candidates:
+    """The log-probabilities renormalized over the legal tokens, as `search.Candidates`: those
     of the few tokens that can ever be legal, the tree tokens and EOS (`candidates`, fixed), and
     of the input's next word. `reference` is the same over the whole vocabulary; this form spares
     every pass over the vocabulary but the mass of the words, and lets the searches choose among
@@ -151,7 +151,7 @@ class TreeConstraint:
     # -inf, not NaN, where nothing is legal: the prefixes of a beam's empty (-inf) hypotheses,
     # made of whatever tokens filled its top-k, follow no rule.
     normalized = jnp.where(legal, kept - jax.nn.logsumexp(kept, axis=-1, keepdims=True), -jnp.inf)
-    return decode.Candidates(normalized, ids.astype(jnp.int32))
+    return search.Candidates(normalized, ids.astype(jnp.int32))
 
   def reference(self, log_probs, prefixes, limit, inputs) -> jax.Array:
     """`__call__`'s log-probabilities [..., v] written over the whole vocabulary with `legal`'s

@@ -1,0 +1,193 @@
+"""A run's model as the searches step it: encode once, then one token per step against a cache.
+
+`Decoder` is the boundary between a model and the searches (search.py, decode.py, refill.py). It
+decodes the module a task built (`Task.build_model`), whatever its class, through what a model
+provides to be decoded (docs/changing_the_model.md):
+  * `encode(inputs) -> encoded` and `decode(encoded, inputs, decoder_inputs, targets_positions)`,
+    Flax methods; in decode mode (`model.config.replace(decode=True)`) `decode` takes one token
+    per row and reads and writes a "cache" collection, given `encoded` on the first step only;
+  * the cache's variables are cache nodes: pytrees whose arrays have the sentences on axis 0,
+    with `widen(k)` (one beam -> k), `follow(parents)` (beams continue their parents' prefixes),
+    `grow(n)` (room for n positions) and `invariant` (never written after the first step: the
+    search does not carry it through its loop). The Transformer's attention layers keep theirs in
+    `config.cache` modules: kv_cache.py's `SlotCache` unless a caller chooses another.
+A cache whose nodes can also `restart` (a ring) and `pad_source` decodes greedy searches in
+refilled rows (refill.py); any other gets batches. A scanned stack (`scan_layers`) is decoded
+unrolled, its parameters unstacked once per call.
+
+Shapes: b sentences, s source length, n output length, v vocabulary, k beams, r = b * k rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+
+from transformer_jax.decoding import kv_cache
+from transformer_jax.errors import UserError
+from transformer_jax.model.config import BOS_ID, PAD_ID
+from transformer_jax.parallel.layer_params import unstack_layer_params
+
+
+class NotDecodable(UserError):
+  """A model the searches cannot decode, named with what it lacks."""
+
+
+def check_decodable(model: Any, cache: Any = kv_cache.SlotCache) -> None:
+  """Raises NotDecodable, in one line naming what is missing, unless the searches can decode
+  `model`: its methods, a config with the decode mode, and a cache kept in decode mode."""
+  name = type(model).__name__
+  missing = [f"`{m}`" for m in ("encode", "decode") if not callable(getattr(model, m, None))]
+  config = getattr(model, "config", None)
+  if not missing and not all(hasattr(config, f) for f in ("replace", "decode", "cache")):
+    missing = ["`config` with the decode mode (TransformerConfig's `decode` and `cache`)"]
+  if not missing:
+    try:
+      shapes = Decoder(model, cache).cache_shapes(jnp.zeros((1, 2), jnp.int32), 2)
+    except Exception as e:  # noqa: BLE001 - whatever a model raises in decode mode: named
+      first = (str(e).strip().splitlines() or [""])[0]
+      raise NotDecodable(
+          f"{name} cannot be decoded by the searches: its decode mode fails "
+          f"({type(e).__name__}: {first})"
+      ) from e
+    if not _nodes(shapes):
+      missing = ["decoding cache (its decode mode keeps no cache nodes)"]
+  if missing:
+    raise NotDecodable(
+        f"{name} cannot be decoded by the searches: it has no {', no '.join(missing)} "
+        "(docs/changing_the_model.md), and its task supplies no predictor of its own"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoder:
+  """`model` run one token a step against its cache. Pure functions; jit the caller."""
+
+  model: Any  # the run's Flax module (Task.build_model's)
+  cache: Any = kv_cache.SlotCache  # the module class its attention layers keep keys in
+  # False: the steps give the logits, not their log-softmax, for a search that takes the first
+  # maximum or renormalizes whatever it is given (decode.Predictor): a pass over [r, v] less.
+  normalize: bool = True
+
+  @property
+  def stepped(self) -> Any:
+    """The model in decode mode."""
+    config = self.model.config.replace(
+        decode=True, deterministic=True, cache=self.cache, scan_layers=False
+    )
+    return self.model.clone(config=config)
+
+  def unrolled(self, params) -> Any:
+    """`params` as `stepped` takes them (a scanned stack's unstacked)."""
+    return unstack_layer_params(params) if self.model.config.scan_layers else params
+
+  @functools.cached_property
+  def refills(self) -> bool:
+    """Whether its cache offers refilled rows (refill.py): nodes that `restart` as a ring, and
+    invariant ones that `pad_source`."""
+    nodes = _nodes(self.cache_shapes(jnp.zeros((1, 2), jnp.int32), 2)).values()
+    return all(hasattr(n, "pad_source" if n.invariant else "restart") for n in nodes)
+
+  def encode(self, params, inputs: jax.Array) -> Any:
+    """inputs [b, s] -> encoded [b, s, e]."""
+    return self.stepped.apply({"params": self.unrolled(params)}, inputs, method="encode")
+
+  def cache_shapes(self, inputs: jax.Array, length: int) -> Any:
+    """The cache's shapes for a batch, one beam, `length` positions (tracing `init`)."""
+    decoder_inputs = jnp.zeros((inputs.shape[0], length), jnp.int32)
+    init = lambda: self.stepped.init(jax.random.PRNGKey(0), inputs, decoder_inputs)  # noqa: E731
+    return jax.eval_shape(init)["cache"]
+
+  def init_cache(self, inputs: jax.Array, length: int) -> Any:
+    """A zeroed cache for a batch, one beam, `length` positions."""
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.cache_shapes(inputs, length))
+
+  def step(self, params, cache, encoded, inputs, tokens, position):
+    """One step: tokens [r] (the previous outputs) at `position` (a scalar, or [r]: each row's
+    own) -> (log_probs [r, v], cache) (the logits, with `normalize` False). `encoded` [b, s, e] on
+    the first step (it fills the cross-attention cache), None after; `inputs` [b, s] for the
+    source's padding. `params` as `unrolled` gives them."""
+    positions = jnp.reshape(jnp.asarray(position, jnp.int32), (-1, 1))  # [1 or r, 1]
+    logits, variables = self.stepped.apply(
+        {"params": params, "cache": cache},
+        encoded,
+        inputs,
+        tokens[:, None],  # [r, 1]
+        jnp.broadcast_to(positions, (tokens.shape[0], 1)),  # targets_positions [r, 1]
+        method="decode",
+        mutable=["cache"],
+    )
+    logits = logits[:, 0]  # [r, v]
+    return (jax.nn.log_softmax(logits, axis=-1) if self.normalize else logits), variables["cache"]
+
+  def start(self, params, inputs: jax.Array, cache_length: int):
+    """Encodes and runs the first step (reading BOS) once per sentence. Returns (log_probs
+    [b, v], the cache a search carries (one beam, `cache_length` positions), the invariant
+    cache (cross-attention's; pass it to `step_fn`))."""
+    params = self.unrolled(params)
+    encoded = self.stepped.apply({"params": params}, inputs, method="encode")  # [b, s, e]
+    bos = jnp.full((inputs.shape[0],), BOS_ID, jnp.int32)
+    cache = self.init_cache(inputs, cache_length)
+    log_probs, cache = self.step(params, cache, encoded, inputs, bos, 0)  # [b, v]
+    return _no_pad_or_bos(log_probs), *split(cache)
+
+  def invariant_cache(self, params, inputs: jax.Array):
+    """The invariant cache of `inputs` [b, s], for a search that runs the BOS step in its rows
+    (refill.py). The first decoder call fills it, so that call is traced here; under jit, XLA
+    drops the rest of it (the step's logits and self-attention keys)."""
+    params = self.unrolled(params)
+    encoded = self.stepped.apply({"params": params}, inputs, method="encode")  # [b, s, e]
+    bos = jnp.full((inputs.shape[0],), BOS_ID, jnp.int32)
+    return split(self.step(params, self.init_cache(inputs, 1), encoded, inputs, bos, 0)[1])[1]
+
+  def step_fn(self, params, inputs: jax.Array, invariant) -> Callable:
+    """step_fn(tokens [r], cache, position) -> (log_probs [r, v], cache) over the carried
+    cache; it holds the invariant cache, never carried."""
+    params = self.unrolled(params)
+
+    def step_fn(tokens, carried, position):
+      cache = merge(carried, invariant)
+      log_probs, cache = self.step(params, cache, None, inputs, tokens, position)
+      return _no_pad_or_bos(log_probs), split(cache)[0]
+
+    return step_fn
+
+  # What a search does to the cache: each node does it to itself (kv_cache.py).
+  widen = staticmethod(lambda cache, beams: map_nodes(lambda n: n.widen(beams), cache))
+  follow = staticmethod(lambda cache, parents: map_nodes(lambda n: n.follow(parents), cache))
+  grow = staticmethod(lambda cache, length: map_nodes(lambda n: n.grow(length), cache))
+  restart = staticmethod(lambda cache, starts: map_nodes(lambda n: n.restart(starts), cache))
+  pad_source = staticmethod(lambda cache, s: map_nodes(lambda n: n.pad_source(s), cache))
+
+
+def _nodes(cache) -> dict:
+  """{path: node} of a cache collection (its variables' values)."""
+  return traverse_util.flatten_dict(cache) if cache else {}
+
+
+def map_nodes(fn: Callable, cache) -> Any:
+  return traverse_util.unflatten_dict({k: fn(v) for k, v in _nodes(cache).items()})
+
+
+def split(cache) -> tuple[Any, Any]:
+  """cache -> (the nodes a search carries through its loop, the invariant ones)."""
+  nodes = _nodes(cache)
+  carried = {k: v for k, v in nodes.items() if not v.invariant}
+  invariant = {k: v for k, v in nodes.items() if v.invariant}
+  return traverse_util.unflatten_dict(carried), traverse_util.unflatten_dict(invariant)
+
+
+def merge(carried, invariant) -> Any:
+  """The inverse of `split`."""
+  return traverse_util.unflatten_dict({**_nodes(carried), **_nodes(invariant)})
+
+
+def _no_pad_or_bos(log_probs: jax.Array) -> jax.Array:
+  """An emitted PAD would read as padding, and BOS only starts a sentence: never outputs."""
+  return log_probs.at[:, (PAD_ID, BOS_ID)].set(-jnp.inf)

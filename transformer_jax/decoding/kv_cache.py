@@ -1,0 +1,192 @@
+"""The searches' decoding cache (`TransformerConfig.cache`; the protocol: decoder.py), laid out
+for the search: what each decoder attention layer keeps from step to step.
+
+Self-attention appends each step's key and value to a `SelfKV`, so a step costs O(length) instead
+of re-running the prefix; cross-attention projects the encoder output once, on the first step,
+into a `SourceKV` that later steps only read. Letters: b sentences, k beams per sentence, r = b * k
+rows of a step, n positions, s source length, h heads, d head dim.
+
+Layouts (`HEADS_MAJOR`) make a step's attention two plain batched matmuls over (b, h), a
+sentence's k rows being k queries against its one cache (others made XLA:CPU transpose the cache
+every step): self-attention keys [b, h, d_k, n*k] and values [b, h, n*k, d_v], column p*k + j
+holding position p of beam slot j; cross-attention keys [b, h, d_k, s] and values [b, h, s, d_v],
+one copy per sentence, never tiled, reordered or carried through a search's loop (`invariant`).
+
+Beam slots: beam j of a sentence always writes into slot j, and `slots` [b, k, n] says which slot
+holds position p of beam j's prefix, so following the parents gathers that table, never the keys
+(gathering keys and values by parent every step cost more than attention). A ring (`restart`,
+one slot: decoding/refill.py): with `row_start` [b] step t writes column t % n, and row i attends
+to the columns written at steps row_start[i]..t, so a row takes a new sentence without the cache
+moving. Every array has its sentences on axis 0.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.model.attention import CachedKeys, Layout
+
+
+class HeadsMajor(Layout):
+  """query [b, q, h, d_k], keys [b, h, d_k, m], values [b, h, m, d_v] -> [b, q, h, d_v]."""
+
+  def logits(self, query, key):
+    # Both products in the [batch..., rows, columns] form of a batched matmul, the (small) query
+    # and output transposed around them: another output order made XLA:CPU compute the product
+    # transposed, without its fast matmul kernels.
+    query = query.transpose(0, 2, 1, 3)  # [b, h, q, d_k]
+    return jnp.einsum("bhqd,bhdm->bhqm", query, key, preferred_element_type=jnp.float32)
+
+  def combine(self, weights, value):
+    return jnp.einsum("bhqm,bhmd->bhqd", weights, value).transpose(0, 2, 1, 3)  # [b, q, h, d_v]
+
+
+HEADS_MAJOR = HeadsMajor()
+
+
+def _pad(x: jax.Array, axis: int, size: int) -> jax.Array:
+  if x.shape[axis] > size:
+    raise ValueError(f"cannot shrink a cache axis of {x.shape[axis]} to {size}")
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, size - x.shape[axis])
+  return jnp.pad(x, widths)
+
+
+class SelfKV(NamedTuple):
+  """Decoder self-attention's keys and values, k beam slots, and the write index."""
+
+  key: jax.Array  # [b, h, d_k, n*k]
+  value: jax.Array  # [b, h, n*k, d_v]
+  index: jax.Array  # int32 scalar: the position (ring: the step) written next
+  slots: jax.Array | None = None  # [b, k, n] int32, once widened to k > 1 beams
+  row_start: jax.Array | None = None  # [b] int32: a ring (one slot)
+  invariant = False  # written every step: carried through a search's loop
+
+  @property
+  def beams(self) -> int:
+    return 1 if self.slots is None else self.slots.shape[1]
+
+  def widen(self, beams: int) -> SelfKV:
+    """One slot (the first step's cache) -> `beams`: position 0 (BOS) is every beam's."""
+    batch, length = self.key.shape[0], self.key.shape[-1]
+    return self._replace(
+        key=jnp.repeat(self.key, beams, axis=3),
+        value=jnp.repeat(self.value, beams, axis=2),
+        slots=jnp.zeros((batch, beams, length), jnp.int32),
+    )
+
+  def follow(self, parents: jax.Array) -> SelfKV:
+    """Beam j of sentence i continues the prefix of beam parents[i, j] [b, k]: its slot table."""
+    if self.slots is None:
+      return self
+    return self._replace(slots=jnp.take_along_axis(self.slots, parents[:, :, None], axis=1))
+
+  def grow(self, length: int) -> SelfKV:
+    """Room for `length` positions (zeros, masked until written)."""
+    k = self.beams
+    slots = None if self.slots is None else _pad(self.slots, 2, length)
+    key, value = _pad(self.key, 3, length * k), _pad(self.value, 2, length * k)
+    return self._replace(key=key, value=value, slots=slots)
+
+  def restart(self, row_start: jax.Array) -> SelfKV:
+    """A ring whose row i holds the sentence that started at step row_start[i] [b]."""
+    if self.slots is not None:
+      raise ValueError("a cache with beam slots cannot be a ring")
+    return self._replace(row_start=row_start)
+
+  def write(self, key: jax.Array, value: jax.Array) -> tuple[SelfKV, CachedKeys]:
+    """Writes a step's key [r, 1, h, d_k] and value [r, 1, h, d_v]; returns the new cache and
+    what the step attends to."""
+    rows, _, heads, key_dim = key.shape
+    batch, columns = self.key.shape[0], self.key.shape[-1]
+    beams = self.beams
+    if rows != batch * beams or key.shape[1] != 1:
+      raise ValueError(f"a cache of {batch} x {beams} rows cannot take keys {key.shape[:2]}")
+    length = columns // beams
+    step = column = self.index
+    if self.row_start is not None:
+      column = step % length
+    new_key = key.reshape(batch, beams, heads, key_dim).transpose(0, 2, 3, 1)  # [b, h, d_k, k]
+    new_value = value.reshape(batch, beams, heads, -1).transpose(0, 2, 1, 3)  # [b, h, k, d_v]
+    keys = jax.lax.dynamic_update_slice(self.key, new_key, (0, 0, 0, column * beams))
+    values = jax.lax.dynamic_update_slice(self.value, new_value, (0, 0, column * beams, 0))
+    positions = jnp.arange(length)  # [n]
+    slots = self.slots
+    if slots is not None:  # (position p, slot slots[i, j, p]) for p < step, its own at step
+      beam = jnp.arange(beams)
+      slots = jnp.where(positions == step, beam[:, None], slots)  # [b, k, n]
+      mask = (slots[..., None] == beam) & (positions <= step)[:, None]  # [b, k, n, k(slot)]
+      mask = mask.reshape(batch, beams, length * beams)
+      key_positions = (jnp.arange(columns) // beams)[None]  # [1, n*k]
+    elif self.row_start is None:  # §3.2.3: every position <= step
+      mask = jnp.broadcast_to(positions <= step, (batch, 1, length))  # [b, 1, n]
+      key_positions = positions[None]  # [1, n]
+    else:  # the columns written at steps row_start[i]..step (< 0: never)
+      written = step - (step - positions) % length  # [n]: the last step that wrote each
+      mask = (written >= self.row_start[:, None])[:, None, :]  # [b, 1, n]
+      key_positions = written[None] - self.row_start[:, None]  # [b, n]
+    cache = self._replace(key=keys, value=values, index=step + 1, slots=slots)
+    return cache, CachedKeys(keys, values, mask[:, None], key_positions, HEADS_MAJOR)
+
+
+class SourceKV(NamedTuple):
+  """Encoder-decoder keys and values, projected once per sentence and then only read."""
+
+  key: jax.Array  # [b, h, d_k, s]
+  value: jax.Array  # [b, h, s, d_v]
+  invariant = True  # written on the first step only: never carried through a search's loop
+
+  def widen(self, beams: int) -> SourceKV:
+    del beams  # a sentence's beams read its one copy
+    return self
+
+  def follow(self, parents: jax.Array) -> SourceKV:
+    del parents
+    return self
+
+  def grow(self, length: int) -> SourceKV:
+    del length
+    return self
+
+  def pad_source(self, length: int) -> SourceKV:
+    """Padded with zeros to `length` source positions (masked: the source's PAD)."""
+    return SourceKV(_pad(self.key, 3, length), _pad(self.value, 2, length))
+
+
+class SlotCache(nn.Module):
+  """The searches' cache of one decoder attention layer (`kind` "causal" or "cross"): keeps a
+  `SelfKV` or a `SourceKV` as the "cache" collection's variable "state"."""
+
+  kind: str
+
+  @nn.compact
+  def __call__(self, key, value, key_valid=None) -> CachedKeys | None:
+    """key, value [rows, length, h, d] (cross-attention after the first step: None), the
+    source's padding `key_valid` [b, s] (cross-attention). None on the call that creates the
+    cache: model init, whose key [b, n, h, d] sets n positions (one slot) or s."""
+    created = self.has_variable("cache", "state")
+    if self.kind == "cross":
+      if key is not None:  # the first step: the encoder's keys, laid out once
+        self.put_variable(
+            "cache", "state", SourceKV(key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
+        )
+      elif not created:
+        raise ValueError("cross-attention cache is empty: the first decoding step passes encoded")
+      if not created:
+        return None
+      state = self.get_variable("cache", "state")
+      mask = None if key_valid is None else key_valid[:, None, None, :]  # [b, 1, 1, s]
+      return CachedKeys(state.key, state.value, mask, None, HEADS_MAJOR)
+    if not created:
+      rows, length, heads = key.shape[:3]
+      zeros = jnp.zeros((rows, heads, key.shape[-1], length), key.dtype)
+      values = jnp.zeros((rows, heads, length, value.shape[-1]), value.dtype)
+      self.put_variable("cache", "state", SelfKV(zeros, values, jnp.array(0, jnp.int32)))
+      return None
+    state, keys = self.get_variable("cache", "state").write(key, value)
+    self.put_variable("cache", "state", state)
+    return keys
