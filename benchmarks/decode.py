@@ -107,7 +107,7 @@ _COMPARE_BATCHES = flags.DEFINE_bool(
     "compare_batches",
     True,
     "Where greedy search refills its rows (eval.refill, one CPU device), also time it in "
-    "batches (mode greedy_batches, eval.refill=False) in the same run.",
+    "batches (mode greedy_batches, eval.refill=off) in the same run.",
 )
 _MATMUL_DTYPES = flags.DEFINE_list(
     "matmul_dtypes",
@@ -165,7 +165,7 @@ def main(argv):
   # refills: decoding/refill.py) and, to compare, in batches; the beam under each stop rule.
   variants = {"greedy": {}}
   if _COMPARE_BATCHES.value and run.predictor.refills(1, run.mesh):
-    variants["greedy_batches"] = {"eval.refill": False}
+    variants["greedy_batches"] = {"eval.refill": "off"}
   for stop in _BEAM_STOPS.value:
     variants[_mode(beam, stop)] = {} if stop == "proven" else {"eval.beam_stop": stop}
   for dtype in _MATMUL_DTYPES.value:  # greedy and the beam under each stop rule, in `dtype`

@@ -11,13 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.model.attention import (
-    AttentionMask,
-    attention_implementation,
-    dot_product_attention,
-    fused_dot_product_attention,
-    segment_mask,
-)
+from transformer_jax.kernels import attention_implementation, fused_dot_product_attention
+from transformer_jax.model.attention import AttentionMask, dot_product_attention, segment_mask
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from testing import random_params
 
+from transformer_jax import kernels
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.model import config as model_config
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Embed, Transformer
 
@@ -326,16 +326,16 @@ def test_bfloat16_matmuls_round_their_inputs_and_sum_in_float32(post_params):
   w = rng.normal(size=(32, 4, 8)).astype(np.float32)
   rounded = lambda a: np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32))  # noqa: E731
   expected = np.einsum("bqe,ehd->bqhd", rounded(x), rounded(w))
-  got = model_config.einsum(config, "bqe,ehd->bqhd", x, w)
+  got = kernels.einsum(config, "bqe,ehd->bqhd", x, w)
   assert got.dtype == jnp.float32
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
   assert np.abs(got - np.einsum("bqe,ehd->bqhd", x, w)).max() > 1e-3  # really rounded
-  dense = nn.Dense(8, dot_general=model_config.dot_general(config))
+  dense = nn.Dense(8, dot_general=kernels.dot_general(config))
   kernel = rng.normal(size=(32, 8)).astype(np.float32)
   out = dense.apply({"params": {"kernel": kernel, "bias": np.zeros(8, np.float32)}}, x)
   assert out.dtype == jnp.float32
   np.testing.assert_allclose(out, rounded(x) @ rounded(kernel), rtol=1e-5, atol=1e-5)
-  assert model_config.dot_general(CONFIG) is None  # the default: flax's own
+  assert kernels.dot_general(CONFIG) is None  # the default: flax's own
   inputs, decoder_inputs = example()
   logits = logits_of(config, post_params, inputs, decoder_inputs)
   reference = logits_of(CONFIG, post_params, inputs, decoder_inputs)

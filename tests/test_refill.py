@@ -11,7 +11,7 @@ from variants import MODELS
 from tests.test_beam_search import CONFIG, EXTRA, VOCAB, tiny_model
 from transformer_jax import config as config_lib
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
-from transformer_jax.decoding import decode, kv_cache, refill, search
+from transformer_jax.decoding import batch_shapes, decode, kv_cache, refill, search
 from transformer_jax.decoding import decoder as decoder_lib
 from transformer_jax.decoding.batch_shapes import Shapes
 from transformer_jax.runs import inference
@@ -143,13 +143,24 @@ def test_decode_sources_refills_greedy_only_where_measured():
   assert refilling.refiller.programs() > 0 and refilling.programs() > refilling.searches()
 
 
-def test_the_eval_config_turns_refilling_on_and_off():
-  """`eval.refill` (on by default) reaches the search of the commands and evaluations."""
+def test_the_eval_config_turns_refilling_on_and_off(monkeypatch):
+  """`eval.refill` reaches the search of the commands and evaluations: "auto" (the default) on
+  the CPUs where refilled rows measured faster (batch_shapes.REFILL_FASTER_ON), "on", "off"; a
+  run saved with the old boolean keeps its meaning."""
   config = config_lib.default_config()
-  assert config.eval.refill is True
+  assert config.eval.refill == "auto"
+  for vendor, expected in (("AuthenticAMD", True), ("GenuineIntel", False), ("", False)):
+    monkeypatch.setattr(batch_shapes, "cpu_vendor", lambda vendor=vendor: vendor)
+    assert (inference.eval_predictor(config, CONFIG, None).refiller is not None) == expected
+  config.eval.refill = "on"
   assert inference.eval_predictor(config, CONFIG, None).refiller is not None
-  config.eval.refill = False
+  config.eval.refill = "off"
   assert inference.eval_predictor(config, CONFIG, None).refiller is None
+  config.eval.refill = "sometimes"
+  with pytest.raises(config_lib.ConfigError, match="eval.refill"):
+    config_lib.validate(config)
+  for saved, meaning in ((True, "auto"), (False, "off")):
+    assert config_lib.from_saved({"eval": {"refill": saved}}).eval.refill == meaning
 
 
 def _any(log_probs, prefixes, limit, inputs):

@@ -163,7 +163,7 @@ def test_bad_remat_policy_names_the_field():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_output_projection_gradient_equals_autodiff(dtype):
   """The pre-softmax projection's custom backward (a layout choice) is JAX's own gradient."""
-  from transformer_jax.model.transformer import _output_projection
+  from transformer_jax.kernels import output_projection as _output_projection
 
   keys = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(keys[0], (2, 3, 8)).astype(dtype)  # [b, t, e]

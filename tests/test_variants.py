@@ -19,6 +19,7 @@ from test_third_task import ReversalTask
 from test_third_task import _config as reversal_config
 from variants import MODELS, AlibiAttention, NaiveCache, alibi_transformer
 
+from transformer_jax import kernels
 from transformer_jax.decoding import decode, search
 from transformer_jax.decoding import decoder as decoder_lib
 from transformer_jax.model import attention
@@ -91,20 +92,21 @@ def test_a_change_to_eq1_reaches_training_and_every_cached_step(monkeypatch, nam
   # No fused kernel computes the changed function: `auto` keeps to it, an explicit one refuses.
   assert not attention.fused_kernels_match()
   args = dict(dtype=jnp.bfloat16, head_dim=64, decode=False, dropout=False, dense_mask=False)
-  assert attention.attention_implementation("auto", **args, platform="gpu") == "einsum"
+  args.update(platform="gpu", eq1_unchanged=attention.fused_kernels_match())
+  assert kernels.attention_implementation("auto", **args) == "einsum"
   with pytest.raises(ValueError, match="FUSED_CHECKED_AGAINST"):
-    attention.attention_implementation("cudnn", **args, platform="gpu")
+    kernels.attention_implementation("cudnn", **args)
 
 
 def test_the_fused_kernels_were_checked_against_eq1_as_it_reads():
   """FUSED_CHECKED_AGAINST is the digest of `dot_product_attention` as tests/
   test_fused_attention.py checked the fused kernels against it. After an edit to the function,
   this fails: run those tests, and if they pass, set the digest to the one printed here."""
-  digest = attention.source_digest(attention.dot_product_attention)
+  digest = kernels.source_digest(attention.dot_product_attention)
   assert digest == attention.FUSED_CHECKED_AGAINST, digest
   assert attention.fused_kernels_match()
   args = dict(dtype=jnp.bfloat16, head_dim=64, decode=False, dropout=False, dense_mask=False)
-  assert attention.attention_implementation("auto", **args, platform="gpu") == "cudnn"
+  assert kernels.attention_implementation("auto", **args, platform="gpu") == "cudnn"
 
 
 @pytest.mark.parametrize("name", list(MODELS))

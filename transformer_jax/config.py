@@ -175,9 +175,10 @@ def eval_section() -> ml_collections.ConfigDict:
   # same translations (on a GPU, all but a few near-ties: shapes change the order of sums).
   s.shapes = "auto"
   # Greedy search on one CPU device searches a whole call in rows that a finished sentence
-  # leaves and the next joins (decoding/refill.py): the same translations, faster where it was
-  # measured (docs/experiments.md); False: in batches, as beam search.
-  s.refill = True
+  # leaves and the next joins (decoding/refill.py): the same translations. "auto": on the CPUs
+  # where it measured faster than batches (batch_shapes.REFILL_FASTER_ON, docs/benchmarks.md);
+  # "on": always; "off": in batches, as beam search.
+  s.refill = "auto"
   # The encoder's and decoder's matmuls when decoding (model/config.py `matmul_dtype`): "" in the
   # model's dtype; "bfloat16" (a deviation, off by default) rounds their inputs to bf16 and sums
   # in float32: faster on a CPU with bf16 dot products, and some translations change (figures in
@@ -266,6 +267,9 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
         )
       if key in section and key not in defaults[name]:  # a key no longer there: dropped
         section.pop(key)
+  evaluation = saved.get("eval", {})
+  if isinstance(evaluation.get("refill"), bool):  # saved before "auto": true was the default
+    evaluation["refill"] = "auto" if evaluation["refill"] else "off"
   defaults.update(saved)
   return defaults
 
@@ -435,6 +439,7 @@ def validate_eval(config: ml_collections.ConfigDict, check: Check) -> None:
   check(e.alpha >= 0, "eval.alpha", "must be >= 0")
   check(e.shapes in batch_shapes.NAMES, "eval.shapes", f"must be one of {batch_shapes.NAMES}")
   check(e.beam_stop in batch_shapes.STOPS, "eval.beam_stop", f"must be one of {batch_shapes.STOPS}")
+  check(e.refill in batch_shapes.REFILLS, "eval.refill", f"must be one of {batch_shapes.REFILLS}")
   check(
       e.matmul_dtype in ("", "bfloat16", "float32"),
       "eval.matmul_dtype",

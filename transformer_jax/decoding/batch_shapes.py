@@ -61,6 +61,30 @@ def cache_block_ends(max_decode_len: int, block: int | None) -> tuple[int, ...]:
   return tuple(range(block, max_decode_len, block)) + (max_decode_len,)
 
 
+# Whether greedy search refills its rows (eval.refill, refill.py): "auto" on the CPUs of the
+# vendors where it measured faster than batches (AMD EPYC; slower on an Intel Xeon with AMX:
+# docs/benchmarks.md); "on" and "off" everywhere.
+REFILLS = ("auto", "on", "off")
+REFILL_FASTER_ON = ("AuthenticAMD",)
+
+
+def cpu_vendor() -> str:
+  """The host CPU's vendor id (/proc/cpuinfo's), or "" where it cannot be read."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("vendor_id"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return ""
+
+
+def refills(setting: str) -> bool:
+  """Whether eval.refill `setting` turns refilled rows on for this host."""
+  return setting == "on" or (setting == "auto" and cpu_vendor() in REFILL_FASTER_ON)
+
+
 # When a beam search's sentence is done (decode.py `Beam.done`): "proven" (no alive hypothesis can
 # beat the best finished one), or also once k hypotheses have finished ("k_finished").
 STOPS = ("proven", "k_finished")

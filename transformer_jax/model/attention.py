@@ -4,28 +4,15 @@ Einsum letters: b batch, q query length, k key length, h heads, d head dim (d_k 
 keys, d_v for values and outputs; both d_model / h unless the config sets them), e d_model.
 
 `dot_product_attention` is Eq. 1, the one function that training, the encoder and every cached
-decoding step compute; only where the operands lie in memory differs between those paths, a
-`Layout` (its two products), and a decoding cache (`TransformerConfig.cache`) may keep its keys
-in a layout of its own. `attention_impl` chooses how whole sequences run: `einsum` (the function
-itself), `xla` or `cudnn` (`jax.nn.dot_product_attention`'s implementations: cuDNN's fused kernel
-on NVIDIA GPUs, bfloat16/float16), or `auto` (cudnn where it applies, einsum elsewhere). The fused
-calls are dispatches of the same function, chosen only while it is the function they were checked
-against; attention dropout, decode mode and (for `auto`) d_k != d_v run einsum.
-
-Masks are boolean arrays broadcastable to [b, h, q, k]; True means "may attend". The model passes
-them as an `AttentionMask`, so that a fused kernel takes padding as key lengths and causality as a
-flag instead of a dense array.
+decoding step compute; the paths differ only in where the operands lie, a `Layout` (its two
+products; a decoding cache may keep keys in its own). Fused kernels (kernels.py) stand in for it
+only while it is the function they were checked against. Masks are boolean, broadcastable to
+[b, h, q, k], True: "may attend"; an `AttentionMask` keeps them in the pieces fused kernels take.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
-import hashlib
-import inspect
-import io
-import textwrap
-import tokenize
 from typing import Any, NamedTuple
 
 import flax
@@ -33,8 +20,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model import config as config_lib
-from transformer_jax.model.config import ATTENTION_IMPLS, TransformerConfig
+from transformer_jax import kernels
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.parallel import sharding
 
 # Glorot/Xavier uniform, as in tensor2tensor's Transformer; the paper does not state an init.
@@ -154,85 +141,7 @@ FUSED_CHECKED_AGAINST = "a9a34bbe4d3db1d3cc13815aa117b5717f58a5fb781b407a650e392
 def fused_kernels_match() -> bool:
   """Whether `dot_product_attention` is still the function the fused kernels were checked
   against (`FUSED_CHECKED_AGAINST`)."""
-  return source_digest(dot_product_attention) == FUSED_CHECKED_AGAINST
-
-
-@functools.cache
-def source_digest(fn: Any) -> str:
-  """sha256 of a function's code: its tokens, without its docstring, comments or layout."""
-  skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
-  source = textwrap.dedent(inspect.getsource(fn))
-  tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skip]
-  docstring = next((t for t in tokens if t.type == tokenize.STRING), None)
-  if docstring is not None and ast.literal_eval(docstring.string) == fn.__doc__:
-    tokens.remove(docstring)
-  return hashlib.sha256("".join(t.string for t in tokens).encode()).hexdigest()
-
-
-def attention_implementation(
-    impl: str,
-    *,
-    dtype,
-    head_dim: int,
-    decode: bool,
-    dropout: bool,
-    dense_mask: bool,
-    platform: str | None = None,
-    value_dim: int | None = None,
-    eq1_unchanged: bool | None = None,
-) -> str:
-  """Resolves `attention_impl` for one call to 'einsum', 'xla' or 'cudnn' (module docstring).
-  `dense_mask`: a part only a dense array expresses (packed segments, a bias), which `auto` does
-  not give cuDNN. `eq1_unchanged` (default `fused_kernels_match()`): False after an edit to
-  `dot_product_attention`, which no fused kernel computes; then only einsum."""
-  if impl not in ATTENTION_IMPLS:
-    raise ValueError(f"attention_impl={impl!r}; expected one of {ATTENTION_IMPLS}")
-  if impl == "einsum" or decode or dropout:
-    return "einsum"
-  platform = jax.default_backend() if platform is None else platform
-  reason = None  # why the fused call `impl` names cannot compute this call
-  if not (fused_kernels_match() if eq1_unchanged is None else eq1_unchanged):
-    reason = (
-        "it computes Eq. 1 as dot_product_attention read when the fused kernels were checked "
-        "(attention.FUSED_CHECKED_AGAINST), which has changed since; run "
-        "tests/test_fused_attention.py and update the digest"
-    )
-  elif value_dim is not None and value_dim != head_dim:
-    reason = f"it needs d_k == d_v; they are {head_dim} and {value_dim}"
-  elif impl != "xla":
-    reason = cudnn_unsupported_reason(dtype, head_dim, platform)
-  if impl == "auto":
-    return "einsum" if reason or dense_mask else "cudnn"
-  if reason:
-    raise ValueError(f"attention_impl={impl!r}: {reason}; use 'auto' or 'einsum'")
-  return impl
-
-
-def cudnn_unsupported_reason(dtype, head_dim: int, platform: str) -> str | None:
-  """Why cuDNN's fused attention cannot run this call (None: it can)."""
-  if platform not in ("gpu", "cuda"):
-    return f"cudnn attention needs an NVIDIA GPU; the default backend is {platform!r}"
-  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-    return f"cudnn attention takes bfloat16/float16; model.dtype is {jnp.dtype(dtype).name}"
-  if head_dim % 8 or head_dim > 128:
-    return f"cudnn attention needs head_dim % 8 == 0 and <= 128; head_dim is {head_dim}"
-  return None
-
-
-def fused_dot_product_attention(query, key, value, mask, *, bias=None, implementation: str):
-  """Eq. 1 through `jax.nn.dot_product_attention` ('xla' or 'cudnn'): [b, q, h, d] -> [b, q, h, d],
-  padding as key lengths, causality as `is_causal`; `mask.extra` and the bias passed densely."""
-  if isinstance(mask, AttentionMask):
-    dense, causal, key_lengths = mask.extra, mask.causal, mask.key_lengths()
-  else:
-    dense, causal, key_lengths = mask, False, None
-  if dense is not None:
-    dense = jnp.broadcast_to(dense, (dense.shape[0], 1, query.shape[1], key.shape[1]))
-  bias = None if bias is None else bias.astype(query.dtype)
-  return jax.nn.dot_product_attention(
-      query, key, value, bias=bias, mask=dense, is_causal=causal,
-      key_value_seq_lengths=key_lengths, implementation=implementation,
-  )  # fmt: skip
+  return kernels.source_digest(dot_product_attention) == FUSED_CHECKED_AGAINST
 
 
 # ----------------------------------------------------------------------------- the layer
@@ -309,7 +218,7 @@ class MultiHeadAttention(nn.Module):
     if isinstance(mask, AttentionMask) and mask.bias is not None:
       bias = mask.bias if bias is None else mask.bias + bias
     dropout = not cfg.deterministic and cfg.attention_dropout_rate > 0.0
-    impl = attention_implementation(
+    impl = kernels.attention_implementation(
         cfg.attention_impl,
         dtype=cfg.dtype,
         head_dim=cfg.head_key_dim,
@@ -318,13 +227,16 @@ class MultiHeadAttention(nn.Module):
         dropout=dropout,
         dense_mask=bias is not None
         or (mask is not None and (not isinstance(mask, AttentionMask) or mask.extra is not None)),
+        eq1_unchanged=fused_kernels_match(),
     )
     # Applying with mutable=["intermediates"] records every layer's attention weights
     # [b, h, q, k] as "attention_weights" (transformer_jax/plot_attention.py); only the einsum
     # path has them. Otherwise sow is never reached and costs nothing.
     capture = self.is_mutable_collection("intermediates")
     if impl != "einsum" and not capture:
-      return fused_dot_product_attention(query, key, value, mask, bias=bias, implementation=impl)
+      return kernels.fused_dot_product_attention(
+          query, key, value, mask, bias=bias, implementation=impl
+      )
     if isinstance(mask, AttentionMask):
       mask = mask.dense(query.shape[1])
     out, weights = dot_product_attention(
@@ -361,7 +273,7 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     axes = (sharding.EMBED, sharding.HEADS, sharding.KV)
     kernel = self._kernel(name, (cfg.d_model, cfg.num_heads, head_dim), axes, 0, (1, 2))
-    return config_lib.einsum(cfg, "bqe,ehd->bqhd", x.astype(cfg.dtype), kernel)
+    return kernels.einsum(cfg, "bqe,ehd->bqhd", x.astype(cfg.dtype), kernel)
 
   def _kernel(self, name, shape, axes, in_axis, out_axis) -> jax.Array:
     cfg = self.config
@@ -375,4 +287,4 @@ class MultiHeadAttention(nn.Module):
     axes = (sharding.HEADS, sharding.KV, sharding.EMBED)
     shape = (cfg.num_heads, cfg.head_value_dim, cfg.d_model)
     w_out = self._kernel("out", shape, axes, (0, 1), 2)  # W^O [h, d_v, e]
-    return config_lib.einsum(cfg, "bqhd,hde->bqe", out, w_out)  # [b, q, e]
+    return kernels.einsum(cfg, "bqhd,hde->bqe", out, w_out)  # [b, q, e]

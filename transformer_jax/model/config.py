@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
+
+from transformer_jax.kernels import ATTENTION_IMPLS  # how attention runs: kernels.py
 
 # Token id 0 is padding everywhere (masked out of attention and of the loss); the tokenizers
 # (data/tokenizer.py) give it the same id.
@@ -20,8 +21,6 @@ BOS_ID = 2  # the decoder's first input (decoding/decoder.py); the tokenizers' B
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
-# How attention runs (attention.py): auto | xla | cudnn | einsum.
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
 
 # What a rematerialised layer keeps from its forward pass (transformer.py maps each to a policy):
 #   none           no rematerialisation
@@ -77,7 +76,7 @@ class TransformerConfig:
   # dot products (AVX512_BF16, AMX) run ~2x as fast as float32 (docs/experiments.md).
   matmul_dtype: Any = None
   param_dtype: Any = jnp.float32
-  attention_impl: str = "auto"  # one of ATTENTION_IMPLS; see attention.py
+  attention_impl: str = "auto"  # one of ATTENTION_IMPLS (kernels.py)
   remat_policy: str = "none"  # one of REMAT_POLICIES
   scan_layers: bool = False  # nn.scan over layers; parameters stacked on a leading axis
   deterministic: bool = False
@@ -153,27 +152,3 @@ class TransformerConfig:
 
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)
-
-
-def einsum(cfg: TransformerConfig, subscripts: str, x: jax.Array, weight: jax.Array) -> jax.Array:
-  """einsum of an activation and a layer's weight (both in `cfg.dtype`), or, with
-  `cfg.matmul_dtype`, of the two rounded to it, the products summed and returned in `cfg.dtype`."""
-  if cfg.matmul_dtype is None:
-    return jnp.einsum(subscripts, x, weight)
-  x, weight = x.astype(cfg.matmul_dtype), weight.astype(cfg.matmul_dtype)
-  return jnp.einsum(subscripts, x, weight, preferred_element_type=cfg.dtype)
-
-
-def dot_general(cfg: TransformerConfig):
-  """A flax Dense's `dot_general` for `cfg.matmul_dtype` (None: flax's own, `cfg.dtype`)."""
-  if cfg.matmul_dtype is None:
-    return None
-
-  def dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    del preferred_element_type  # the products are summed in cfg.dtype
-    lhs, rhs = lhs.astype(cfg.matmul_dtype), rhs.astype(cfg.matmul_dtype)
-    return jax.lax.dot_general(
-        lhs, rhs, dimension_numbers, precision, preferred_element_type=cfg.dtype
-    )
-
-  return dot

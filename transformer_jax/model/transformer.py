@@ -1,13 +1,9 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), §3, in Flax linen.
 
-Shapes: b batch, s source length, t target length, e d_model, f d_ff, v vocabulary.
-
-A variant passes its own attention layer (`attention`, a subclass of MultiHeadAttention:
-docs/changing_the_model.md); training and decoding both run it. Two switches change how the
-layer stacks run, not what they compute: `remat_policy` rematerialises each layer in the backward
-pass (`nn.remat`), and `scan_layers` runs each stack as `nn.scan` over one layer with stacked
-parameters [n, ...] (`encoder/layers/...`, logical axis "layers"), so compile time no longer grows
-with depth (parallel/layer_params.py converts the trees; a search decodes the unrolled stack).
+Shapes: b batch, s source length, t target length, e d_model, f d_ff, v vocabulary. A variant
+passes its own attention layer (`attention`: docs/changing_the_model.md). `remat_policy` and
+`scan_layers` (stacked parameters [n, ...] under `layers`; parallel/layer_params.py) change how
+the stacks run, not what they compute; a search decodes a scanned stack unrolled.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.model import config as config_lib
+from transformer_jax import kernels
 from transformer_jax.model.attention import (
     AttentionMask,
     MultiHeadAttention,
@@ -96,7 +92,7 @@ def _dense(cfg: TransformerConfig, features: int, axes: tuple, name: str) -> nn.
       features,
       dtype=cfg.dtype,
       param_dtype=cfg.param_dtype,
-      dot_general=config_lib.dot_general(cfg),
+      dot_general=kernels.dot_general(cfg),
       kernel_init=nn.with_logical_partitioning(default_kernel_init, axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
       name=name,
@@ -208,33 +204,7 @@ class Embed(nn.Module):
     cfg = self.config
     if cfg.matmul_dtype is not None:  # model/config.py; the products are summed in float32
       x = x.astype(cfg.matmul_dtype)
-    return _output_projection(x, self.embedding.astype(cfg.matmul_dtype or cfg.dtype))
-
-
-@jax.custom_vjp
-def _output_projection(x: jax.Array, embedding: jax.Array) -> jax.Array:
-  """x [b, t, e] @ embedding [v, e]ᵀ -> logits [b, t, v], float32.
-
-  The custom backward only fixes which operand XLA transposes for the embedding gradient: left
-  alone, XLA:CPU materialises the transpose of the logits gradient [v, b*t] (the largest tensor
-  of the step); here it transposes x [e, b*t] and the small result [e, v] instead.
-  """
-  return jnp.einsum("bte,ve->btv", x, embedding, preferred_element_type=jnp.float32)
-
-
-def _output_projection_bwd(residuals, g):
-  """The gradients JAX's own rule computes (same dtypes: float32 accumulation, cast back)."""
-  x, embedding = residuals  # g: [b, t, v] float32
-  f32 = jnp.float32
-  dx = jax.lax.dot_general(g, embedding, (((2,), (0,)), ((), ())), preferred_element_type=f32)
-  x_t = jax.lax.optimization_barrier(jnp.transpose(x, (2, 0, 1)))  # [e, b, t], materialised
-  d_embedding = jax.lax.dot_general(
-      x_t, g, (((1, 2), (0, 1)), ((), ())), preferred_element_type=f32
-  ).T  # [e, v] -> [v, e]
-  return dx.astype(x.dtype), d_embedding.astype(embedding.dtype)  # [b, t, e], [v, e]
-
-
-_output_projection.defvjp(lambda x, e: (_output_projection(x, e), (x, e)), _output_projection_bwd)
+    return kernels.output_projection(x, self.embedding.astype(cfg.matmul_dtype or cfg.dtype))
 
 
 def _stack(layer_cls, cfg: TransformerConfig, attention, num_layers: int, args: tuple, name=""):
@@ -360,7 +330,7 @@ class Transformer(nn.Module):
           use_bias=False,
           dtype=cfg.dtype,
           param_dtype=cfg.param_dtype,
-          dot_general=config_lib.dot_general(cfg),
+          dot_general=kernels.dot_general(cfg),
           kernel_init=nn.with_logical_partitioning(
               default_kernel_init, (sharding.EMBED, sharding.VOCAB)
           ),

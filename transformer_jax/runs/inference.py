@@ -35,7 +35,7 @@ from transformer_jax import config as config_lib
 from transformer_jax import errors, files, tasks
 from transformer_jax.data import pipeline
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
-from transformer_jax.decoding import decode, decoder
+from transformer_jax.decoding import batch_shapes, decode, decoder
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import sharding, xla_flags
@@ -476,5 +476,5 @@ def eval_predictor(config, model: nn.Module, constraint: Any) -> decode.Predicto
       shapes=config.eval.shapes,
       constraint=constraint,
       stop=config.eval.beam_stop,
-      refill=config.eval.refill,
+      refill=batch_shapes.refills(config.eval.refill),
   )

@@ -1,0 +1,154 @@
+"""How the model's math runs on a device, beside the math itself (model/): the fused attention
+kernels that stand in for Eq. 1, the matmuls of `matmul_dtype`, and the pre-softmax projection's
+backward pass. Each computes what model/ says; tests compare the two (test_fused_attention.py,
+test_remat_scan.py, test_refill.py).
+
+`attention_impl` chooses how attention over whole sequences runs: `einsum` (model/attention.py's
+`dot_product_attention` itself), `xla` or `cudnn` (`jax.nn.dot_product_attention`'s
+implementations: cuDNN's fused kernel on NVIDIA GPUs, bfloat16/float16), or `auto` (cudnn where
+it applies, einsum elsewhere). Attention dropout, decode mode and (for `auto`) d_k != d_v run
+einsum, as does any call after an edit to Eq. 1 (`eq1_unchanged`).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import inspect
+import io
+import textwrap
+import tokenize
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "einsum")
+
+
+def attention_implementation(
+    impl: str,
+    *,
+    dtype,
+    head_dim: int,
+    decode: bool,
+    dropout: bool,
+    dense_mask: bool,
+    platform: str | None = None,
+    value_dim: int | None = None,
+    eq1_unchanged: bool = True,
+) -> str:
+  """Resolves `attention_impl` for one call to 'einsum', 'xla' or 'cudnn' (module docstring).
+  `dense_mask`: a part only a dense array expresses (packed segments, a bias), which `auto` does
+  not give cuDNN. `eq1_unchanged`: False after an edit to Eq. 1, which no fused kernel computes
+  (model/attention.py `fused_kernels_match`); then only einsum."""
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(f"attention_impl={impl!r}; expected one of {ATTENTION_IMPLS}")
+  if impl == "einsum" or decode or dropout:
+    return "einsum"
+  platform = jax.default_backend() if platform is None else platform
+  reason = None  # why the fused call `impl` names cannot compute this call
+  if not eq1_unchanged:
+    reason = (
+        "it computes Eq. 1 as dot_product_attention read when the fused kernels were checked "
+        "(attention.FUSED_CHECKED_AGAINST), which has changed since; run "
+        "tests/test_fused_attention.py and update the digest"
+    )
+  elif value_dim is not None and value_dim != head_dim:
+    reason = f"it needs d_k == d_v; they are {head_dim} and {value_dim}"
+  elif impl != "xla":
+    reason = cudnn_unsupported_reason(dtype, head_dim, platform)
+  if impl == "auto":
+    return "einsum" if reason or dense_mask else "cudnn"
+  if reason:
+    raise ValueError(f"attention_impl={impl!r}: {reason}; use 'auto' or 'einsum'")
+  return impl
+
+
+def cudnn_unsupported_reason(dtype, head_dim: int, platform: str) -> str | None:
+  """Why cuDNN's fused attention cannot run this call (None: it can)."""
+  if platform not in ("gpu", "cuda"):
+    return f"cudnn attention needs an NVIDIA GPU; the default backend is {platform!r}"
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"cudnn attention takes bfloat16/float16; model.dtype is {jnp.dtype(dtype).name}"
+  if head_dim % 8 or head_dim > 128:
+    return f"cudnn attention needs head_dim % 8 == 0 and <= 128; head_dim is {head_dim}"
+  return None
+
+
+def fused_dot_product_attention(query, key, value, mask, *, bias=None, implementation: str):
+  """Eq. 1 through `jax.nn.dot_product_attention` ('xla' or 'cudnn'): [b, q, h, d] -> [b, q, h, d].
+  `mask`: an attention.AttentionMask (padding as key lengths, causality as `is_causal`, its
+  `extra` passed densely) or a dense boolean array."""
+  if hasattr(mask, "key_lengths"):  # an AttentionMask
+    dense, causal, key_lengths = mask.extra, mask.causal, mask.key_lengths()
+  else:
+    dense, causal, key_lengths = mask, False, None
+  if dense is not None:
+    dense = jnp.broadcast_to(dense, (dense.shape[0], 1, query.shape[1], key.shape[1]))
+  bias = None if bias is None else bias.astype(query.dtype)
+  return jax.nn.dot_product_attention(
+      query, key, value, bias=bias, mask=dense, is_causal=causal,
+      key_value_seq_lengths=key_lengths, implementation=implementation,
+  )  # fmt: skip
+
+
+@functools.cache
+def source_digest(fn: Any) -> str:
+  """sha256 of a function's code: its tokens, without its docstring, comments or layout."""
+  skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+  source = textwrap.dedent(inspect.getsource(fn))
+  tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skip]
+  docstring = next((t for t in tokens if t.type == tokenize.STRING), None)
+  if docstring is not None and ast.literal_eval(docstring.string) == fn.__doc__:
+    tokens.remove(docstring)
+  return hashlib.sha256("".join(t.string for t in tokens).encode()).hexdigest()
+
+
+def einsum(cfg, subscripts: str, x: jax.Array, weight: jax.Array) -> jax.Array:
+  """einsum of an activation and a layer's weight (both in `cfg.dtype`), or, with
+  `cfg.matmul_dtype`, of the two rounded to it, the products summed and returned in `cfg.dtype`."""
+  if cfg.matmul_dtype is None:
+    return jnp.einsum(subscripts, x, weight)
+  x, weight = x.astype(cfg.matmul_dtype), weight.astype(cfg.matmul_dtype)
+  return jnp.einsum(subscripts, x, weight, preferred_element_type=cfg.dtype)
+
+
+def dot_general(cfg):
+  """A flax Dense's `dot_general` for `cfg.matmul_dtype` (None: flax's own, `cfg.dtype`)."""
+  if cfg.matmul_dtype is None:
+    return None
+
+  def dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    del preferred_element_type  # the products are summed in cfg.dtype
+    lhs, rhs = lhs.astype(cfg.matmul_dtype), rhs.astype(cfg.matmul_dtype)
+    return jax.lax.dot_general(
+        lhs, rhs, dimension_numbers, precision, preferred_element_type=cfg.dtype
+    )
+
+  return dot
+
+
+@jax.custom_vjp
+def output_projection(x: jax.Array, embedding: jax.Array) -> jax.Array:
+  """x [b, t, e] @ embedding [v, e]ᵀ -> logits [b, t, v], float32 (§3.4's shared pre-softmax
+  layer). The custom backward only fixes which operand XLA transposes for the embedding gradient:
+  left alone, XLA:CPU materialises the transpose of the logits gradient [v, b*t] (the largest
+  tensor of the step); here it transposes x [e, b*t] and the small result [e, v] instead."""
+  return jnp.einsum("bte,ve->btv", x, embedding, preferred_element_type=jnp.float32)
+
+
+def _output_projection_bwd(residuals, g):
+  """The gradients JAX's own rule computes (same dtypes: float32 accumulation, cast back)."""
+  x, embedding = residuals  # g: [b, t, v] float32
+  f32 = jnp.float32
+  dx = jax.lax.dot_general(g, embedding, (((2,), (0,)), ((), ())), preferred_element_type=f32)
+  x_t = jax.lax.optimization_barrier(jnp.transpose(x, (2, 0, 1)))  # [e, b, t], materialised
+  d_embedding = jax.lax.dot_general(
+      x_t, g, (((1, 2), (0, 1)), ((), ())), preferred_element_type=f32
+  ).T  # [e, v] -> [v, e]
+  return dx.astype(x.dtype), d_embedding.astype(embedding.dtype)  # [b, t, e], [v, e]
+
+
+output_projection.defvjp(lambda x, e: (output_projection(x, e), (x, e)), _output_projection_bwd)
