@@ -109,6 +109,12 @@ _COMPARE_BATCHES = flags.DEFINE_bool(
     "Where greedy search refills its rows (eval.refill, one CPU device), also time it in "
     "batches (mode greedy_batches, eval.refill=off) in the same run.",
 )
+_REFILL = flags.DEFINE_enum(
+    "refill",
+    None,
+    ["auto", "on", "off"],
+    "Greedy search in refilled rows (eval.refill; default: the run's, 'auto': on AMD CPUs).",
+)
 _MATMUL_DTYPES = flags.DEFINE_list(
     "matmul_dtypes",
     [],
@@ -137,7 +143,10 @@ def main(argv):
   from transformer_jax.data import pipeline
   from transformer_jax.runs import inference
 
-  run = inference.load_run(_WORKDIR.value, _CHECKPOINT.value, shapes=_SHAPES.value)
+  overrides = {"eval.refill": _REFILL.value} if _REFILL.value else None
+  run = inference.load_run(
+      _WORKDIR.value, _CHECKPOINT.value, shapes=_SHAPES.value, overrides=overrides
+  )
   if _NUM_BUCKETS.value is not None:
     run.config.data.num_buckets = _NUM_BUCKETS.value
   if _BLOCK.value is not None:

@@ -479,7 +479,7 @@ def test_decode_benchmark_times_both_engines_on_the_same_sentences(trained_run, 
   args = [
       f"--workdir={workdir}", f"--input={sources}", "--engines=jax,ctranslate2",
       "--quantizations=float32,int8", "--repeats=1", "--beam_size=2", "--batch_tokens=256",
-      "--threads=1", "--beam_stops=proven,k_finished", "--matmul_dtypes=bfloat16",
+      "--threads=1", "--beam_stops=proven,k_finished", "--matmul_dtypes=bfloat16", "--refill=on",
   ]  # fmt: skip
   one_device = os.environ["XLA_FLAGS"].replace("--xla_force_host_platform_device_count=8", "")
   done = subprocess.run(

@@ -1,21 +1,11 @@
 """A run's model as the searches step it: encode once, then one token per step against a cache.
 
-`Decoder` is the boundary between a model and the searches (search.py, decode.py, refill.py). It
-decodes the module a task built (`Task.build_model`), whatever its class, through what a model
-provides to be decoded (docs/changing_the_model.md):
-  * `encode(inputs) -> encoded` and `decode(encoded, inputs, decoder_inputs, targets_positions)`,
-    Flax methods; in decode mode (`model.config.replace(decode=True)`) `decode` takes one token
-    per row and reads and writes a "cache" collection, given `encoded` on the first step only;
-  * the cache's variables are cache nodes: pytrees whose arrays have the sentences on axis 0,
-    with `widen(k)` (one beam -> k), `follow(parents)` (beams continue their parents' prefixes),
-    `grow(n)` (room for n positions) and `invariant` (never written after the first step: the
-    search does not carry it through its loop). The Transformer's attention layers keep theirs in
-    `config.cache` modules: kv_cache.py's `SlotCache` unless a caller chooses another.
-A cache whose nodes can also `restart` (a ring) and `pad_source` decodes greedy searches in
-refilled rows (refill.py); any other gets batches. A scanned stack (`scan_layers`) is decoded
-unrolled, its parameters unstacked once per call.
-
-Shapes: b sentences, s source length, n output length, v vocabulary, k beams, r = b * k rows.
+`Decoder` is the boundary between a model and the searches (search.py, decode.py, refill.py): it
+decodes the module a task built, whatever its class, through what a model provides to be decoded
+(`encode`, `decode` in decode mode, a cache of nodes that `widen`, `follow` and `grow`:
+docs/changing_the_model.md). A cache whose nodes also `restart` (a ring) and `pad_source` offers
+refilled rows (refill.py). A scanned stack is decoded unrolled. Shapes: b sentences, s source
+length, n output length, v vocabulary, k beams, r = b * k rows.
 """
 
 from __future__ import annotations

@@ -140,17 +140,8 @@ class SourceKV(NamedTuple):
   value: jax.Array  # [b, h, s, d_v]
   invariant = True  # written on the first step only: never carried through a search's loop
 
-  def widen(self, beams: int) -> SourceKV:
-    del beams  # a sentence's beams read its one copy
-    return self
-
-  def follow(self, parents: jax.Array) -> SourceKV:
-    del parents
-    return self
-
-  def grow(self, length: int) -> SourceKV:
-    del length
-    return self
+  # One copy per sentence, read by its beams: nothing to widen, follow or grow.
+  widen = follow = grow = lambda self, _: self
 
   def pad_source(self, length: int) -> SourceKV:
     """Padded with zeros to `length` source positions (masked: the source's PAD)."""

@@ -73,7 +73,7 @@ class TransformerConfig:
   # The layers' matmuls (projections, FFN, output projection; not attention over keys): None,
   # in `dtype`. bfloat16 (a deviation for decoding, off by default: `eval.matmul_dtype`): their
   # inputs rounded to bfloat16, products summed and returned in `dtype`, which CPUs with bf16
-  # dot products (AVX512_BF16, AMX) run ~2x as fast as float32 (docs/experiments.md).
+  # dot products (AVX512_BF16, AMX) run faster than float32 (docs/experiments.md).
   matmul_dtype: Any = None
   param_dtype: Any = jnp.float32
   attention_impl: str = "auto"  # one of ATTENTION_IMPLS (kernels.py)
