@@ -169,13 +169,13 @@ def _resave_behind_the_digest(workdir, step, change):
   changed = change(state)
   (workdir / "checkpoints" / str(step)).rename(workdir / f"old_{step}")
   with checkpoint.make_manager(str(workdir), keep=10, save_every=1) as manager:
-    real = digest.dispatch_tree_digest
-    digest.dispatch_tree_digest = lambda tree: lambda: original
+    real = digest.tree_digest
+    digest.tree_digest = lambda tree: original
     try:
       checkpoint.save(manager, step, changed, data, force=True)
       manager.wait_until_finished()
     finally:
-      digest.dispatch_tree_digest = real
+      digest.tree_digest = real
 
 
 def _nudge(tree):

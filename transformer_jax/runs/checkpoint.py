@@ -20,11 +20,9 @@ were kept restore unverified, with a note saying so.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
-from collections.abc import Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -36,7 +34,6 @@ from transformer_jax.runs import digest
 
 UNREADABLE_DIR = "checkpoints.unreadable"
 DIGEST_ITEM = "digest"
-DIGEST_FILE = "metadata"  # the JSON file in the digest item (Orbax's JsonSave wrote the same)
 DIGEST_FORMAT = 1
 
 
@@ -57,57 +54,24 @@ def make_manager(workdir: str, *, keep: int, save_every: int) -> ocp.CheckpointM
   )
 
 
-class DigestHandler(ocp.JsonCheckpointHandler):
-  """Writes a checkpoint's digest record (`DigestSave`), computed while Orbax writes the arrays:
-  the save call only dispatches the digest's programs, and the step commits once it is written.
-  Read back as the JSON file it is (`read_digest`)."""
-
-  def __init__(self):
-    super().__init__(filename=DIGEST_FILE)
-
-  async def async_save(self, directory, item=None, args=None):
-    del item
-
-    async def write():  # run by Orbax in a thread of its own, so waiting here blocks no write
-      record = args.record()
-      if jax.process_index() == 0:
-        (epath.Path(directory) / DIGEST_FILE).write_text(json.dumps(record))
-
-    return [ocp.future.CommitFutureAwaitingContractedSignals(write(), name="digest_save")]
-
-  def save(self, directory, item=None, args=None):
-    del item
-    if jax.process_index() == 0:
-      (epath.Path(directory) / DIGEST_FILE).write_text(json.dumps(args.record()))
-
-
-@ocp.args.register_with_handler(DigestHandler, for_save=True)
-@dataclasses.dataclass
-class DigestSave(ocp.args.CheckpointArgs):
-  record: Callable[[], dict]  # the digest record, waited for in Orbax's background write
-
-
-@ocp.args.register_with_handler(DigestHandler, for_restore=True)
-@dataclasses.dataclass
-class DigestRestore(ocp.args.CheckpointArgs):
-  """Orbax pairs each handler with a restore argument; the record is read by `read_digest`."""
-
-
 def save(manager: ocp.CheckpointManager, step: int, state, data_state: dict, *, force=False):
   """Saves if `step` is on the interval (or `force`); returns whether a save started.
 
   The digest of the state and of the data position is computed only for a step that is saved,
-  beside Orbax's write of the arrays, and committed in the same checkpoint."""
+  and committed in the same checkpoint."""
   if not (force or manager.should_save(step)):
     return False
-  state_digest, data_digest = digest.dispatch_tree_digest(state), digest.json_digest(data_state)
-  record = lambda: {"format": DIGEST_FORMAT, "state": state_digest(), "data": data_digest}  # noqa: E731
+  digests = {
+      "format": DIGEST_FORMAT,
+      "state": digest.tree_digest(state),
+      "data": digest.json_digest(data_state),
+  }
   return manager.save(
       step,
       args=ocp.args.Composite(
           state=ocp.args.StandardSave(state),
           data=ocp.args.JsonSave(data_state),
-          **{DIGEST_ITEM: DigestSave(record)},
+          **{DIGEST_ITEM: ocp.args.JsonSave(digests)},
       ),
       force=force,
   )
@@ -123,7 +87,7 @@ def read_digest(step_dir) -> dict | None:
   path = epath.Path(step_dir) / DIGEST_ITEM
   if not path.is_dir():
     return None
-  with ocp.Checkpointer(ocp.JsonCheckpointHandler(filename=DIGEST_FILE)) as checkpointer:
+  with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
     saved = checkpointer.restore(path, args=ocp.args.JsonRestore())
   _check_digest_record(saved, path)
   return saved
@@ -176,14 +140,17 @@ def restore(manager: ocp.CheckpointManager, abstract_state, step: int | None = N
     restored = manager.restore(
         step,
         args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+            state=ocp.args.StandardRestore(abstract_state),
+            data=ocp.args.JsonRestore(),
+            **({DIGEST_ITEM: ocp.args.JsonRestore()} if with_digest else {}),
         ),
     )
     data_state = restored["data"]
     if not isinstance(data_state, dict):
       raise ValueError(f"the data position is {type(data_state).__name__}, not a JSON object")
-    saved = read_digest(epath.Path(manager.directory) / str(step)) if with_digest else None
+    saved = restored[DIGEST_ITEM] if with_digest else None
     if saved is not None:
+      _check_digest_record(saved, "the checkpoint")
       if saved.get("data") != digest.json_digest(data_state):
         raise CheckpointError(
             f"{where} is damaged: its data position differs from the digest written with it"

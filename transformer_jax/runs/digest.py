@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -112,38 +111,24 @@ def _describe(x) -> str:
 
 def tree_digest(tree: Any) -> dict[str, str]:
   """{leaf path: "dtype[shape]:hex"} for every array of `tree` (e.g. a train state)."""
-  return dispatch_tree_digest(tree)()
-
-
-def dispatch_tree_digest(tree: Any) -> Callable[[], dict[str, str]]:
-  """`tree_digest` in two halves: every shard's reduction is dispatched now, so it reads the
-  arrays before a later step donates them, and the function returned waits for the sums and
-  formats them (from any thread). In a multi-host run the processes' sums are added by a
-  collective, which every process runs here, in its main thread."""
   leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
   arrays = [x if isinstance(x, jax.Array) else jnp.asarray(x) for _, x in leaves]
   partial = [_partial_sums(x) for x in arrays]  # dispatched on every device before any wait
-  names = [path_name(path) for path, _ in leaves]
-  described = [_describe(x) for x in arrays]
+  mask = 2**32 - 1
+  totals = np.zeros((len(arrays), 2), np.uint64)
+  for i, sums in enumerate(partial):
+    for s in sums:
+      totals[i] += np.asarray(s, np.uint64)
+  totals &= mask
+  if jax.process_count() > 1:  # each process holds some shards: add up every process's sums
+    from jax.experimental import multihost_utils
 
-  def finish() -> dict[str, str]:
-    mask = 2**32 - 1
-    totals = np.zeros((len(arrays), 2), np.uint64)
-    for i, sums in enumerate(partial):
-      for s in sums:
-        totals[i] += np.asarray(s, np.uint64)
-    totals &= mask
-    if jax.process_count() > 1:  # each process holds some shards: add up every process's sums
-      from jax.experimental import multihost_utils
-
-      gathered = multihost_utils.process_allgather(totals.astype(np.uint32))  # [processes, n, 2]
-      totals = np.asarray(gathered, np.uint64).sum(axis=0) & mask
-    return {n: f"{d}:{int(t[0]):08x}{int(t[1]):08x}" for n, d, t in zip(names, described, totals)}
-
-  if jax.process_count() > 1:
-    done = finish()
-    return lambda: done
-  return finish
+    gathered = multihost_utils.process_allgather(totals.astype(np.uint32))  # [processes, n, 2]
+    totals = np.asarray(gathered, np.uint64).sum(axis=0) & mask
+  return {
+      path_name(path): f"{_describe(x)}:{int(t[0]):08x}{int(t[1]):08x}"
+      for (path, _), x, t in zip(leaves, arrays, totals)
+  }
 
 
 def json_digest(value: Any) -> str:
