@@ -77,14 +77,32 @@ def cudnn_unsupported_reason(dtype, head_dim: int, platform: str) -> str | None:
   return None
 
 
+def fused_attention(cfg, query, key, value, mask, bias, *, dropout, eq1_unchanged, capture=False):
+  """Eq. 1 by the fused kernel `cfg.attention_impl` resolves to for this call (an
+  attention.MultiHeadAttention's config and operands), or None where the einsum path computes it:
+  that resolution, or `capture` (only the einsum path records the attention weights)."""
+  dense_mask = bias is not None or (
+      mask is not None and (not hasattr(mask, "key_valid") or mask.extra is not None)
+  )
+  impl = attention_implementation(
+      cfg.attention_impl, dtype=cfg.dtype, head_dim=cfg.head_key_dim, value_dim=cfg.head_value_dim,
+      decode=cfg.decode, dropout=dropout, dense_mask=dense_mask, eq1_unchanged=eq1_unchanged,
+  )  # fmt: skip
+  if impl == "einsum" or capture:
+    return None
+  return fused_dot_product_attention(query, key, value, mask, bias=bias, implementation=impl)
+
+
 def fused_dot_product_attention(query, key, value, mask, *, bias=None, implementation: str):
   """Eq. 1 through `jax.nn.dot_product_attention` ('xla' or 'cudnn'): [b, q, h, d] -> [b, q, h, d].
-  `mask`: an attention.AttentionMask (padding as key lengths, causality as `is_causal`, its
-  `extra` passed densely) or a dense boolean array."""
-  if hasattr(mask, "key_lengths"):  # an AttentionMask
-    dense, causal, key_lengths = mask.extra, mask.causal, mask.key_lengths()
-  else:
-    dense, causal, key_lengths = mask, False, None
+  `mask`: an attention.AttentionMask (padding as key lengths, at least 1 so that an all-padding
+  filler row stays finite; causality as `is_causal`; its `extra` passed densely) or a dense
+  boolean array."""
+  dense, causal, key_lengths = mask, False, None
+  if hasattr(mask, "key_valid"):  # an AttentionMask
+    dense, causal = mask.extra, mask.causal
+    if mask.key_valid is not None:
+      key_lengths = jnp.maximum(jnp.sum(mask.key_valid, -1, dtype=jnp.int32), 1)  # [b]
   if dense is not None:
     dense = jnp.broadcast_to(dense, (dense.shape[0], 1, query.shape[1], key.shape[1]))
   bias = None if bias is None else bias.astype(query.dtype)

@@ -80,7 +80,7 @@ class Predictor:
   a batch do not carry its finished sentences along. α is traced, the beam size static.
   With `refill`, a greedy call on one CPU device is searched whole by `refiller` instead
   (refill.py, `refills`; `inference.decode_sources`), with the same translations, where the
-  cache offers it (`Decoder.refills`).
+  cache offers it (`refill.offered`).
   `constraint(log_probs, prefixes, limit, inputs [b, s])` constrains every step (module docstring);
   `stop` is the beam's (`Beam.done`).
   """
@@ -111,7 +111,7 @@ class Predictor:
     )
     # Greedy search of a whole call in rows that finished sentences leave (refill.py).
     self.refiller = None
-    if refill and self.greedy_decoder.refills:
+    if refill and refill_lib.offered(self.greedy_decoder):
       self.refiller = refill_lib.RefillGreedy(self.greedy_decoder, max_decode_extra)
     self._start = jax.jit(self._start_impl, static_argnames=("beam_size", "n", "end"))
     self._block = jax.jit(self._block_impl, static_argnames=("beam_size", "end"))

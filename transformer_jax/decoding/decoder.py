@@ -1,17 +1,14 @@
 """A run's model as the searches step it: encode once, then one token per step against a cache.
 
-`Decoder` is the boundary between a model and the searches (search.py, decode.py, refill.py): it
-decodes the module a task built, whatever its class, through what a model provides to be decoded
-(`encode`, `decode` in decode mode, a cache of nodes that `widen`, `follow` and `grow`:
-docs/changing_the_model.md). A cache whose nodes also `restart` (a ring) and `pad_source` offers
-refilled rows (refill.py). A scanned stack is decoded unrolled. Shapes: b sentences, s source
+`Decoder` decodes the module a task built, whatever its class, through what a model provides to
+be decoded (`encode`, `decode` in decode mode, a cache of nodes that `widen`, `follow` and `grow`:
+docs/changing_the_model.md); a scanned stack is decoded unrolled. Shapes: b sentences, s source
 length, n output length, v vocabulary, k beams, r = b * k rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,22 +29,21 @@ class NotDecodable(UserError):
 def check_decodable(model: Any, cache: Any = kv_cache.SlotCache) -> None:
   """Raises NotDecodable, in one line naming what is missing, unless the searches can decode
   `model`: its methods, a config with the decode mode, and a cache kept in decode mode."""
-  name = type(model).__name__
+  name, config = type(model).__name__, getattr(model, "config", None)
   missing = [f"`{m}`" for m in ("encode", "decode") if not callable(getattr(model, m, None))]
-  config = getattr(model, "config", None)
   if not missing and not all(hasattr(config, f) for f in ("replace", "decode", "cache")):
     missing = ["`config` with the decode mode (TransformerConfig's `decode` and `cache`)"]
-  if not missing:
-    try:
-      shapes = Decoder(model, cache).cache_shapes(jnp.zeros((1, 2), jnp.int32), 2)
-    except Exception as e:  # noqa: BLE001 - whatever a model raises in decode mode: named
-      first = (str(e).strip().splitlines() or [""])[0]
-      raise NotDecodable(
-          f"{name} cannot be decoded by the searches: its decode mode fails "
-          f"({type(e).__name__}: {first})"
-      ) from e
-    if not _nodes(shapes):
+  try:
+    if not missing and not nodes(
+        Decoder(model, cache).cache_shapes(jnp.zeros((1, 2), jnp.int32), 2)
+    ):
       missing = ["decoding cache (its decode mode keeps no cache nodes)"]
+  except Exception as e:  # noqa: BLE001 - whatever a model raises in decode mode: named
+    first = (str(e).strip().splitlines() or [""])[0]
+    raise NotDecodable(
+        f"{name} cannot be decoded by the searches: its decode mode fails "
+        f"({type(e).__name__}: {first})"
+    ) from e
   if missing:
     raise NotDecodable(
         f"{name} cannot be decoded by the searches: it has no {', no '.join(missing)} "
@@ -77,13 +73,6 @@ class Decoder:
     """`params` as `stepped` takes them (a scanned stack's unstacked)."""
     return unstack_layer_params(params) if self.model.config.scan_layers else params
 
-  @functools.cached_property
-  def refills(self) -> bool:
-    """Whether its cache offers refilled rows (refill.py): nodes that `restart` as a ring, and
-    invariant ones that `pad_source`."""
-    nodes = _nodes(self.cache_shapes(jnp.zeros((1, 2), jnp.int32), 2)).values()
-    return all(hasattr(n, "pad_source" if n.invariant else "restart") for n in nodes)
-
   def encode(self, params, inputs: jax.Array) -> Any:
     """inputs [b, s] -> encoded [b, s, e]."""
     return self.stepped.apply({"params": self.unrolled(params)}, inputs, method="encode")
@@ -104,15 +93,11 @@ class Decoder:
     the first step (it fills the cross-attention cache), None after; `inputs` [b, s] for the
     source's padding. `params` as `unrolled` gives them."""
     positions = jnp.reshape(jnp.asarray(position, jnp.int32), (-1, 1))  # [1 or r, 1]
+    positions = jnp.broadcast_to(positions, (tokens.shape[0], 1))  # [r, 1]
     logits, variables = self.stepped.apply(
-        {"params": params, "cache": cache},
-        encoded,
-        inputs,
-        tokens[:, None],  # [r, 1]
-        jnp.broadcast_to(positions, (tokens.shape[0], 1)),  # targets_positions [r, 1]
-        method="decode",
-        mutable=["cache"],
-    )
+        {"params": params, "cache": cache}, encoded, inputs, tokens[:, None], positions,
+        method="decode", mutable=["cache"],
+    )  # fmt: skip
     logits = logits[:, 0]  # [r, v]
     return (jax.nn.log_softmax(logits, axis=-1) if self.normalize else logits), variables["cache"]
 
@@ -120,21 +105,10 @@ class Decoder:
     """Encodes and runs the first step (reading BOS) once per sentence. Returns (log_probs
     [b, v], the cache a search carries (one beam, `cache_length` positions), the invariant
     cache (cross-attention's; pass it to `step_fn`))."""
-    params = self.unrolled(params)
-    encoded = self.stepped.apply({"params": params}, inputs, method="encode")  # [b, s, e]
-    bos = jnp.full((inputs.shape[0],), BOS_ID, jnp.int32)
-    cache = self.init_cache(inputs, cache_length)
+    params, bos = self.unrolled(params), jnp.full((inputs.shape[0],), BOS_ID, jnp.int32)
+    cache, encoded = self.init_cache(inputs, cache_length), self.encode(params, inputs)
     log_probs, cache = self.step(params, cache, encoded, inputs, bos, 0)  # [b, v]
     return _no_pad_or_bos(log_probs), *split(cache)
-
-  def invariant_cache(self, params, inputs: jax.Array):
-    """The invariant cache of `inputs` [b, s], for a search that runs the BOS step in its rows
-    (refill.py). The first decoder call fills it, so that call is traced here; under jit, XLA
-    drops the rest of it (the step's logits and self-attention keys)."""
-    params = self.unrolled(params)
-    encoded = self.stepped.apply({"params": params}, inputs, method="encode")  # [b, s, e]
-    bos = jnp.full((inputs.shape[0],), BOS_ID, jnp.int32)
-    return split(self.step(params, self.init_cache(inputs, 1), encoded, inputs, bos, 0)[1])[1]
 
   def step_fn(self, params, inputs: jax.Array, invariant) -> Callable:
     """step_fn(tokens [r], cache, position) -> (log_probs [r, v], cache) over the carried
@@ -152,30 +126,28 @@ class Decoder:
   widen = staticmethod(lambda cache, beams: map_nodes(lambda n: n.widen(beams), cache))
   follow = staticmethod(lambda cache, parents: map_nodes(lambda n: n.follow(parents), cache))
   grow = staticmethod(lambda cache, length: map_nodes(lambda n: n.grow(length), cache))
-  restart = staticmethod(lambda cache, starts: map_nodes(lambda n: n.restart(starts), cache))
-  pad_source = staticmethod(lambda cache, s: map_nodes(lambda n: n.pad_source(s), cache))
 
 
-def _nodes(cache) -> dict:
+def nodes(cache) -> dict:
   """{path: node} of a cache collection (its variables' values)."""
   return traverse_util.flatten_dict(cache) if cache else {}
 
 
 def map_nodes(fn: Callable, cache) -> Any:
-  return traverse_util.unflatten_dict({k: fn(v) for k, v in _nodes(cache).items()})
+  return traverse_util.unflatten_dict({k: fn(v) for k, v in nodes(cache).items()})
 
 
 def split(cache) -> tuple[Any, Any]:
   """cache -> (the nodes a search carries through its loop, the invariant ones)."""
-  nodes = _nodes(cache)
-  carried = {k: v for k, v in nodes.items() if not v.invariant}
-  invariant = {k: v for k, v in nodes.items() if v.invariant}
+  flat = nodes(cache)
+  carried = {k: v for k, v in flat.items() if not v.invariant}
+  invariant = {k: v for k, v in flat.items() if v.invariant}
   return traverse_util.unflatten_dict(carried), traverse_util.unflatten_dict(invariant)
 
 
 def merge(carried, invariant) -> Any:
   """The inverse of `split`."""
-  return traverse_util.unflatten_dict({**_nodes(carried), **_nodes(invariant)})
+  return traverse_util.unflatten_dict({**nodes(carried), **nodes(invariant)})
 
 
 def _no_pad_or_bos(log_probs: jax.Array) -> jax.Array:

@@ -1,23 +1,10 @@
-"""The searches' decoding cache (`TransformerConfig.cache`; the protocol: decoder.py), laid out
-for the search: what each decoder attention layer keeps from step to step.
-
-Self-attention appends each step's key and value to a `SelfKV`, so a step costs O(length) instead
-of re-running the prefix; cross-attention projects the encoder output once, on the first step,
-into a `SourceKV` that later steps only read. Letters: b sentences, k beams per sentence, r = b * k
-rows of a step, n positions, s source length, h heads, d head dim.
-
-Layouts (`HEADS_MAJOR`) make a step's attention two plain batched matmuls over (b, h), a
-sentence's k rows being k queries against its one cache (others made XLA:CPU transpose the cache
-every step): self-attention keys [b, h, d_k, n*k] and values [b, h, n*k, d_v], column p*k + j
-holding position p of beam slot j; cross-attention keys [b, h, d_k, s] and values [b, h, s, d_v],
-one copy per sentence, never tiled, reordered or carried through a search's loop (`invariant`).
-
-Beam slots: beam j of a sentence always writes into slot j, and `slots` [b, k, n] says which slot
-holds position p of beam j's prefix, so following the parents gathers that table, never the keys
-(gathering keys and values by parent every step cost more than attention). A ring (`restart`,
-one slot: decoding/refill.py): with `row_start` [b] step t writes column t % n, and row i attends
-to the columns written at steps row_start[i]..t, so a row takes a new sentence without the cache
-moving. Every array has its sentences on axis 0.
+"""The searches' decoding cache (`TransformerConfig.cache`): what each decoder attention layer
+keeps from step to step, laid out for the search (docs/changing_the_model.md, "The searches'
+cache"). Self-attention appends each step's key and value to a `SelfKV`; cross-attention projects
+the encoder output once, on the first step, into a `SourceKV` that later steps only read. Beam j
+of a sentence always writes into slot j, and following the parents gathers the slot table, never
+the keys; a ring (one slot, `row_start`) lets a row take a new sentence without the cache moving.
+Letters: b sentences, k beams, r = b * k rows, n positions, s source length, h heads, d head dim.
 """
 
 from __future__ import annotations
@@ -35,9 +22,8 @@ class HeadsMajor(Layout):
   """query [b, q, h, d_k], keys [b, h, d_k, m], values [b, h, m, d_v] -> [b, q, h, d_v]."""
 
   def logits(self, query, key):
-    # Both products in the [batch..., rows, columns] form of a batched matmul, the (small) query
-    # and output transposed around them: another output order made XLA:CPU compute the product
-    # transposed, without its fast matmul kernels.
+    # Batched matmuls over (b, h), the small query and output transposed around them: XLA:CPU
+    # computed other orders transposed, without its fast matmul kernels.
     query = query.transpose(0, 2, 1, 3)  # [b, h, q, d_k]
     return jnp.einsum("bhqd,bhdm->bhqm", query, key, preferred_element_type=jnp.float32)
 

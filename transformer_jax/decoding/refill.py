@@ -11,7 +11,7 @@ The tail of the call (no sentence left to take a row) halves the rows as `Predic
 How a row starts anew (kv_cache.py, "rows that start anew"): the self-attention cache is a ring of
 W = the longest output limit columns, step t writes column t % W, and `row_start` [R] tells each
 row which columns are its own sentence's. A sentence joins at step t: its chunk's encoder and
-cross-attention keys and values run alone (`Decoder.invariant_cache`) and replace the
+cross-attention keys and values run alone (`invariant_cache`) and replace the
 row's; the row's next input is BOS and its start is t, so step t of all rows reads its BOS at
 position 0 and writes its keys and values into column t % W. Output index q of a row is column
 (start + q) % W of `out` [R, W], the column of the step that read its input. (The chunk's BOS
@@ -22,7 +22,7 @@ Each sentence's output limit is its own (search.output_limits), so its translati
 `search.greedy_search` gives it (tests/test_refill.py): the rows beside it change only the order
 of float sums in the padded positions, as the batch shapes of `Predictor` do. Sentences are
 taken longest first, so the tail is of short sentences. One device, one process; greedy, no
-constraint, a cache that offers a ring (`Predictor.refills`, `Decoder.refills`).
+constraint, a cache that offers a ring (`Predictor.refills`, `offered`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,34 @@ from transformer_jax.decoding import top_k
 from transformer_jax.decoding.batch_shapes import Shapes
 
 _STATIC = {"empty": ("rows", "source", "columns")}  # the programs' static arguments
+
+
+def offered(decoder) -> bool:
+  """Whether `decoder`'s cache offers refilled rows: nodes that `restart` as a ring (kv_cache.py
+  SelfKV), and invariant ones that `pad_source`."""
+  nodes = decoder_lib.nodes(decoder.cache_shapes(jnp.zeros((1, 2), jnp.int32), 2)).values()
+  return all(hasattr(n, "pad_source" if n.invariant else "restart") for n in nodes)
+
+
+def invariant_cache(decoder, params, inputs: jax.Array):
+  """The invariant cache of `inputs` [b, s], for rows that run their BOS step among the others.
+  The first decoder call fills it, so that call is traced here; under jit, XLA drops the rest of
+  it (the step's logits and self-attention keys)."""
+  params = decoder.unrolled(params)
+  encoded = decoder.stepped.apply({"params": params}, inputs, method="encode")  # [b, s, e]
+  bos = jnp.full((inputs.shape[0],), BOS_ID, jnp.int32)
+  cache = decoder.step(params, decoder.init_cache(inputs, 1), encoded, inputs, bos, 0)[1]
+  return decoder_lib.split(cache)[1]
+
+
+def restart(cache, starts: jax.Array):
+  """Every carried node a ring whose row i holds the sentence that started at step starts[i]."""
+  return decoder_lib.map_nodes(lambda n: n.restart(starts), cache)
+
+
+def pad_source(cache, length: int):
+  """Every invariant node padded to `length` source positions."""
+  return decoder_lib.map_nodes(lambda n: n.pad_source(length), cache)
 
 
 class RefillCarry(NamedTuple):
@@ -104,7 +132,7 @@ class RefillGreedy:
     """R rows, none holding a sentence (finished)."""
     inputs = jnp.full((rows, source), PAD_ID, jnp.int32)
     beams, sentence = decoder_lib.split(self.decoder.init_cache(inputs, columns))
-    beams = self.decoder.restart(beams, jnp.zeros(rows, jnp.int32))
+    beams = restart(beams, jnp.zeros(rows, jnp.int32))
     zeros = jnp.zeros(rows, jnp.int32)
     out = jnp.full((rows, columns), PAD_ID, jnp.int32)
     finished = jnp.ones(rows, bool)
@@ -115,7 +143,7 @@ class RefillGreedy:
     reads their BOS. A row given twice must be given the same sentence (the filler of a short
     chunk)."""
     source, columns = carry.inputs.shape[1], carry.out.shape[1]
-    sentence = self.decoder.pad_source(self.decoder.invariant_cache(params, chunk), source)
+    sentence = pad_source(invariant_cache(self.decoder, params, chunk), source)
     # search.output_limits: the source's tokens (EOS included) + extra, within W
     limit = jnp.minimum(jnp.sum(chunk != PAD_ID, axis=1, dtype=jnp.int32) + self.extra, columns)
     starts = carry.start.at[where].set(carry.step)  # [R]: the carry's and the cache's `row_start`
@@ -123,7 +151,7 @@ class RefillGreedy:
     return RefillCarry(
         inputs=carry.inputs.at[where].set(jnp.pad(chunk, ((0, 0), (0, wide)))),
         sentence=jax.tree.map(lambda old, new: old.at[where].set(new), carry.sentence, sentence),
-        beams=self.decoder.restart(carry.beams, starts),
+        beams=restart(carry.beams, starts),
         token=carry.token.at[where].set(BOS_ID),
         finished=carry.finished.at[where].set(False),
         out=carry.out.at[where].set(PAD_ID),

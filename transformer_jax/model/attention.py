@@ -1,13 +1,10 @@
-"""Multi-head scaled dot-product attention (§3.2) and its masks.
-
-Einsum letters: b batch, q query length, k key length, h heads, d head dim (d_k for queries and
-keys, d_v for values and outputs; both d_model / h unless the config sets them), e d_model.
+"""Multi-head scaled dot-product attention (§3.2) and its masks. Letters: b batch, q query
+length, k key length, h heads, d head dim (d_k for queries and keys, d_v for values), e d_model.
 
 `dot_product_attention` is Eq. 1, the one function that training, the encoder and every cached
-decoding step compute; the paths differ only in where the operands lie, a `Layout` (its two
-products; a decoding cache may keep keys in its own). Fused kernels (kernels.py) stand in for it
-only while it is the function they were checked against. Masks are boolean, broadcastable to
-[b, h, q, k], True: "may attend"; an `AttentionMask` keeps them in the pieces fused kernels take.
+decoding step compute; a `Layout` says where its operands lie (a decoding cache may keep keys in
+its own). Fused kernels (kernels.py) stand in for it only while it is the function they were
+checked against. Masks are boolean, broadcastable to [b, h, q, k], True: "may attend".
 """
 
 from __future__ import annotations
@@ -72,11 +69,6 @@ class AttentionMask:
         self.extra,
     )
 
-  def key_lengths(self) -> jax.Array | None:
-    """[b] int32 non-padding keys, at least 1 so that an all-padding filler row stays finite."""
-    lengths = None if self.key_valid is None else jnp.sum(self.key_valid, -1, dtype=jnp.int32)
-    return None if lengths is None else jnp.maximum(lengths, 1)
-
 
 # ----------------------------------------------------------------------------- Eq. 1
 
@@ -132,9 +124,8 @@ def dot_product_attention(
 
 
 # The fused kernels were checked equal to `dot_product_attention` (tests/test_fused_attention.py)
-# as its source reads at this digest. An edit to the function changes the digest, and from then
-# on no fused kernel is chosen in its place, so the edit reaches GPU training as well; run those
-# tests and update the digest to have them again.
+# as its source reads at this digest: after an edit no fused kernel stands in for it, so the
+# edit reaches GPU training too; run those tests and update the digest to have them again.
 FUSED_CHECKED_AGAINST = "a9a34bbe4d3db1d3cc13815aa117b5717f58a5fb781b407a650e3926e3d23790"
 
 
@@ -218,25 +209,16 @@ class MultiHeadAttention(nn.Module):
     if isinstance(mask, AttentionMask) and mask.bias is not None:
       bias = mask.bias if bias is None else mask.bias + bias
     dropout = not cfg.deterministic and cfg.attention_dropout_rate > 0.0
-    impl = kernels.attention_implementation(
-        cfg.attention_impl,
-        dtype=cfg.dtype,
-        head_dim=cfg.head_key_dim,
-        value_dim=cfg.head_value_dim,
-        decode=cfg.decode,
-        dropout=dropout,
-        dense_mask=bias is not None
-        or (mask is not None and (not isinstance(mask, AttentionMask) or mask.extra is not None)),
-        eq1_unchanged=fused_kernels_match(),
-    )
     # Applying with mutable=["intermediates"] records every layer's attention weights
     # [b, h, q, k] as "attention_weights" (transformer_jax/plot_attention.py); only the einsum
     # path has them. Otherwise sow is never reached and costs nothing.
     capture = self.is_mutable_collection("intermediates")
-    if impl != "einsum" and not capture:
-      return kernels.fused_dot_product_attention(
-          query, key, value, mask, bias=bias, implementation=impl
-      )
+    fused = kernels.fused_attention(
+        cfg, query, key, value, mask, bias, dropout=dropout, capture=capture,
+        eq1_unchanged=fused_kernels_match(),
+    )  # fmt: skip
+    if fused is not None:
+      return fused
     if isinstance(mask, AttentionMask):
       mask = mask.dense(query.shape[1])
     out, weights = dot_product_attention(

@@ -22,21 +22,8 @@ BOS_ID = 2  # the decoder's first input (decoding/decoder.py); the tokenizers' B
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-# What a rematerialised layer keeps from its forward pass (transformer.py maps each to a policy):
-#   none           no rematerialisation
-#   full           keep only the layer's inputs
-#   dots           keep every matmul output
-#   dots_no_batch  keep the weight matmuls (projections, FFN), recompute attention scores [b,h,q,k]
+# How a layer is rematerialised: what each keeps, parallel/layer_params.py.
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-
-
-def as_dtype(dtype: Any) -> Any:
-  """Accepts a jnp dtype or its name ("bfloat16"), so configs can stay plain strings."""
-  if isinstance(dtype, str):
-    if dtype not in DTYPES:
-      raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
-    return DTYPES[dtype]
-  return dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,18 +49,14 @@ class TransformerConfig:
   max_len: int = 256  # longest sequence the positional table covers
   share_embeddings: bool = True  # §3.4: one matrix for both embeddings and the pre-softmax layer
   positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
-  # 0 (the paper): order reaches the model only through `positional`. K > 0 (a deviation, off by
-  # default): the encoder's self-attention also adds to each head's logits a learned scalar for the
-  # key's offset from the query, clipped to [-K, K] (Shaw et al. 2018's clipping; one table for all
-  # layers, as in Raffel et al. 2020's T5).
+  # 0 (the paper): order only through `positional`. K > 0 (a deviation): the encoder's clipped
+  # relative positions (transformer.py RelativePositions).
   relative_positions: int = 0
   norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in §3.1; "pre": pre-LN
   layer_norm_epsilon: float = 1e-6
   dtype: Any = jnp.float32  # compute dtype; bfloat16 for mixed precision
-  # The layers' matmuls (projections, FFN, output projection; not attention over keys): None,
-  # in `dtype`. bfloat16 (a deviation for decoding, off by default: `eval.matmul_dtype`): their
-  # inputs rounded to bfloat16, products summed and returned in `dtype`, which CPUs with bf16
-  # dot products (AVX512_BF16, AMX) run faster than float32 (docs/experiments.md).
+  # The layers' matmuls (not attention over keys): None, in `dtype`; bfloat16 (a deviation for
+  # decoding, `eval.matmul_dtype`): inputs rounded to it, products summed in `dtype` (kernels.py).
   matmul_dtype: Any = None
   param_dtype: Any = jnp.float32
   attention_impl: str = "auto"  # one of ATTENTION_IMPLS (kernels.py)
@@ -86,28 +69,26 @@ class TransformerConfig:
   cache: Any = None
 
   def __post_init__(self):
-    # Frozen: dtype names normalised through object.__setattr__.
-    for name in ("dtype", "param_dtype", "matmul_dtype"):
-      if getattr(self, name) is not None:
-        object.__setattr__(self, name, as_dtype(getattr(self, name)))
+    for name in ("dtype", "param_dtype", "matmul_dtype"):  # a name ("bfloat16") or a jnp dtype
+      value = getattr(self, name)
+      if isinstance(value, str) and value not in DTYPES:
+        raise ValueError(f"unknown dtype {value!r}; expected one of {sorted(DTYPES)}")
+      object.__setattr__(self, name, DTYPES.get(value, value))  # frozen: through object
     positive = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len")
     checks = [(getattr(self, f) > 0, f"{f}={getattr(self, f)} must be positive") for f in positive]
+    dims = (self.key_dim, self.value_dim, self.num_decoder_layers)
     checks += [
         (
-            (self.key_dim is not None and self.value_dim is not None)
-            or self.d_model % self.num_heads == 0,
+            None not in (self.key_dim, self.value_dim) or self.d_model % self.num_heads == 0,
             f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
             "(or set key_dim and value_dim)",
         ),
         (
-            all(
-                d is None or d > 0 for d in (self.key_dim, self.value_dim, self.num_decoder_layers)
-            ),
-            f"key_dim={self.key_dim}, value_dim={self.value_dim} and num_decoder_layers="
-            f"{self.num_decoder_layers} must be positive or None",
+            all(d is None or d > 0 for d in dims),
+            f"key_dim, value_dim and num_decoder_layers {dims} must be positive or None",
         ),
         (
-            0.0 <= self.dropout_rate < 1.0 and 0.0 <= self.attention_dropout_rate < 1.0,
+            all(0.0 <= r < 1.0 for r in (self.dropout_rate, self.attention_dropout_rate)),
             f"dropout_rate={self.dropout_rate}, attention_dropout_rate="
             f"{self.attention_dropout_rate}: not in [0, 1)",
         ),
@@ -120,12 +101,13 @@ class TransformerConfig:
             f"sinusoidal positions need an even d_model, got {self.d_model}",
         ),
     ]
-    for field, value, allowed in (
-        ("positional", self.positional, ("sinusoidal", "learned")),
-        ("norm_position", self.norm_position, ("post", "pre")),
-        ("attention_impl", self.attention_impl, ATTENTION_IMPLS),
-        ("remat_policy", self.remat_policy, REMAT_POLICIES),
+    for field, allowed in (
+        ("positional", ("sinusoidal", "learned")),
+        ("norm_position", ("post", "pre")),
+        ("attention_impl", ATTENTION_IMPLS),
+        ("remat_policy", REMAT_POLICIES),
     ):
+      value = getattr(self, field)
       expected = " or ".join(map(repr, allowed)) if len(allowed) == 2 else f"one of {allowed}"
       checks.append((value in allowed, f"{field}={value!r}; expected {expected}"))
     for ok, message in checks:

@@ -1,9 +1,8 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), §3, in Flax linen.
 
 Shapes: b batch, s source length, t target length, e d_model, f d_ff, v vocabulary. A variant
-passes its own attention layer (`attention`: docs/changing_the_model.md). `remat_policy` and
-`scan_layers` (stacked parameters [n, ...] under `layers`; parallel/layer_params.py) change how
-the stacks run, not what they compute; a search decodes a scanned stack unrolled.
+passes its own attention layer (`attention`: docs/changing_the_model.md). How the stacks run
+(`remat_policy`, `scan_layers`) is parallel/layer_params.py's, not what they compute.
 """
 
 from __future__ import annotations
@@ -24,13 +23,7 @@ from transformer_jax.model.attention import (
 )
 from transformer_jax.model.config import PAD_ID, TransformerConfig
 from transformer_jax.parallel import sharding
-
-# What a rematerialised layer saves, for each of config.REMAT_POLICIES.
-_REMAT_SAVEABLE = {
-    "full": None,  # only the layer's inputs
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+from transformer_jax.parallel.layer_params import apply_stack
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
@@ -207,31 +200,11 @@ class Embed(nn.Module):
     return kernels.output_projection(x, self.embedding.astype(cfg.matmul_dtype or cfg.dtype))
 
 
-def _stack(layer_cls, cfg: TransformerConfig, attention, num_layers: int, args: tuple, name=""):
-  """`num_layers` layers applied in turn to args[0] (the others shared): unrolled (`layer_i`), or
-  one layer under nn.scan (`layers`, parameters [n, ...], a fresh dropout key per layer);
-  rematerialised under `cfg.remat_policy` (never in decode mode: no backward pass there)."""
-  if cfg.remat_policy != "none" and not cfg.decode:
-    # prevent_cse stops XLA from merging the recomputation back into the forward pass; inside
-    # nn.scan the loop boundary already does that, and the flag would only block optimisations.
-    policy = _REMAT_SAVEABLE[cfg.remat_policy]
-    layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=not cfg.scan_layers)
-  if cfg.scan_layers:
-    if cfg.decode:
-      raise ValueError("a scanned stack decodes unrolled (decoding/decoder.py unstacks it)")
-    scanned = nn.scan(
-        layer_cls,
-        variable_axes={"params": 0},
-        split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast,) * (len(args) - 1),
-        length=num_layers,
-        metadata_params={nn.PARTITION_NAME: sharding.LAYERS},
-    )
-    return scanned(cfg, attention, scanned=True, name="layers")(*args)[0]
-  x = args[0]
-  for i in range(num_layers):
-    x = layer_cls(cfg, attention, name=f"layer_{i}")(x, *args[1:])
-  return x
+def _mask(keys, query_segments, key_segments, causal: bool = False) -> AttentionMask:
+  """Attention to `keys` [b, k] (tokens: PAD_ID is padding), within packed sentences
+  (`*_segments` [b, q], [b, k], or None), causal or not."""
+  extra = None if query_segments is None else segment_mask(query_segments, key_segments)
+  return AttentionMask(key_valid=keys != PAD_ID, extra=extra, causal=causal)
 
 
 class Encoder(nn.Module):
@@ -244,20 +217,14 @@ class Encoder(nn.Module):
     """inputs [b, s] ids -> encoded [b, s, e]."""
     cfg = self.config
     positions = jnp.arange(inputs.shape[1])[None] if inputs_positions is None else inputs_positions
-    mask = AttentionMask(
-        key_valid=inputs != PAD_ID,  # [b, s]
-        extra=None
-        if inputs_segmentation is None
-        else segment_mask(inputs_segmentation, inputs_segmentation),  # [b, 1, s, s]
-        bias=RelativePositions(cfg, name="relative_positions")(positions)  # [b | 1, h, s, s]
-        if cfg.relative_positions
-        else None,
-    )
+    mask = _mask(inputs, inputs_segmentation, inputs_segmentation)
+    if cfg.relative_positions:  # travels with the mask: [b | 1, h, s, s]
+      mask = mask.replace(bias=RelativePositions(cfg, name="relative_positions")(positions))
     x = self.embed(inputs)  # [b, s, e]
     x = AddPositions(cfg, name="positions")(x, inputs_positions)
     # §5.4: dropout on the sums of the embeddings and the positional encodings.
     x = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(x)
-    x = _stack(EncoderLayer, cfg, self.attention, cfg.num_layers, (x, mask, positions))
+    x = apply_stack(EncoderLayer, cfg, self.attention, cfg.num_layers, (x, mask, positions))
     if cfg.norm_position == "pre":
       x = layer_norm(cfg, "final_norm")(x)
     return x  # [b, s, e]
@@ -270,36 +237,22 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(
-      self,
-      encoded,  # [b, s, e] or None (decoding from the cache after the first step)
-      inputs,  # [b, s] source tokens, for the encoder-decoder padding mask
-      decoder_inputs,  # [b, t]
-      targets_positions=None,
-      inputs_segmentation=None,
+      self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segmentation=None,
       targets_segmentation=None,
-  ) -> jax.Array:
+  ) -> jax.Array:  # fmt: skip
+    """encoded [b, s, e] (None when decoding from the cache after the first step), inputs [b, s]
+    (the source's tokens, for its padding), decoder_inputs [b, t] -> [b, t, e]."""
     cfg = self.config
-    self_mask = None  # decode mode: the cache knows which keys each step may see (§3.2.3)
-    if not cfg.decode:
-      self_mask = AttentionMask(
-          key_valid=decoder_inputs != PAD_ID,  # [b, t]
-          extra=None
-          if targets_segmentation is None
-          else segment_mask(targets_segmentation, targets_segmentation),  # [b, 1, t, t]
-          causal=True,  # §3.2.3: no attention to later positions
-      )
-    cross_mask = AttentionMask(
-        key_valid=inputs != PAD_ID,  # [b, s]
-        extra=None
-        if targets_segmentation is None
-        else segment_mask(targets_segmentation, inputs_segmentation),  # [b, 1, t, s]
-    )
+    self_mask = None  # decode mode: the cache knows which keys each step may see
+    if not cfg.decode:  # §3.2.3: no attention to later positions
+      self_mask = _mask(decoder_inputs, targets_segmentation, targets_segmentation, causal=True)
+    cross_mask = _mask(inputs, targets_segmentation, inputs_segmentation)
     y = self.embed(decoder_inputs)  # [b, t, e]
     y = AddPositions(cfg, name="positions")(y, targets_positions)
     y = nn.Dropout(rate=cfg.dropout_rate, deterministic=cfg.deterministic)(y)
     positions = jnp.arange(y.shape[1])[None] if targets_positions is None else targets_positions
     args = (y, encoded, self_mask, cross_mask, positions)
-    y = _stack(DecoderLayer, cfg, self.attention, cfg.decoder_layers, args)
+    y = apply_stack(DecoderLayer, cfg, self.attention, cfg.decoder_layers, args)
     if cfg.norm_position == "pre":
       y = layer_norm(cfg, "final_norm")(y)
     return y  # [b, t, e]
@@ -343,14 +296,9 @@ class Transformer(nn.Module):
     return self.encoder(inputs, inputs_positions, inputs_segmentation)
 
   def decode(
-      self,
-      encoded,
-      inputs,
-      decoder_inputs,
-      targets_positions=None,
-      inputs_segmentation=None,
+      self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segmentation=None,
       targets_segmentation=None,
-  ) -> jax.Array:
+  ) -> jax.Array:  # fmt: skip
     """-> logits [b, t, v], float32. In decode mode t = 1, `encoded` is given on the first step
     only (the cache keeps what it needs), and a sentence may have several rows (its beams:
     decoder_inputs [r, 1] with r a multiple of `inputs`' b, sentence-major)."""
@@ -363,14 +311,9 @@ class Transformer(nn.Module):
     return self.shared_embedding.attend(y)
 
   def __call__(
-      self,
-      inputs,
-      decoder_inputs,
-      inputs_positions=None,
-      targets_positions=None,
-      inputs_segmentation=None,
-      targets_segmentation=None,
-  ) -> jax.Array:
+      self, inputs, decoder_inputs, inputs_positions=None, targets_positions=None,
+      inputs_segmentation=None, targets_segmentation=None,
+  ) -> jax.Array:  # fmt: skip
     """inputs [b, s], decoder_inputs [b, t] (BOS + target, shifted right) -> logits [b, t, v]."""
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
     return self.decode(

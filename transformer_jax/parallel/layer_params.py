@@ -1,6 +1,7 @@
-"""Parameter trees of a scanned stack (`model.scan_layers`: `layers`, [n, ...]) and of the same
-stack unrolled (`layer_0`, `layer_1`, ...), converted both ways: a checkpoint of either layout
-serves the other (export, decoding), and tests compare the two."""
+"""How a stack of layers runs, not what it computes: unrolled (`layer_0`, `layer_1`, ...) or
+under nn.scan (`model.scan_layers`: one `layers` tree, [n, ...]), rematerialised or not
+(`model.remat_policy`); and the parameter trees of the two layouts, converted both ways (a
+checkpoint of either serves the other: export, decoding; tests compare the two)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,42 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.parallel import sharding
+
+# What a rematerialised layer keeps from its forward pass, for each of model/config.py's
+# REMAT_POLICIES but "none": "full" only its inputs, "dots" every matmul output, "dots_no_batch"
+# the weight matmuls (projections, FFN) while the attention scores [b, h, q, k] are recomputed.
+REMAT_SAVEABLE = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def apply_stack(layer_cls, cfg, attention, num_layers: int, args: tuple):
+  """`num_layers` layers (`layer_cls(cfg, attention)`) applied in turn to args[0], the others
+  shared: unrolled, or one layer under nn.scan (a fresh dropout key per layer); rematerialised
+  under `cfg.remat_policy` (never in decode mode: no backward pass there)."""
+  if cfg.remat_policy != "none" and not cfg.decode:
+    # prevent_cse stops XLA from merging the recomputation back into the forward pass; inside
+    # nn.scan the loop boundary already does that, and the flag would only block optimisations.
+    policy = REMAT_SAVEABLE[cfg.remat_policy]
+    layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=not cfg.scan_layers)
+  if cfg.scan_layers:
+    if cfg.decode:
+      raise ValueError("a scanned stack decodes unrolled (decoding/decoder.py unstacks it)")
+    scanned = nn.scan(
+        layer_cls,
+        variable_axes={"params": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * (len(args) - 1),
+        length=num_layers,
+        metadata_params={nn.PARTITION_NAME: sharding.LAYERS},
+    )
+    return scanned(cfg, attention, scanned=True, name="layers")(*args)[0]
+  x = args[0]
+  for i in range(num_layers):
+    x = layer_cls(cfg, attention, name=f"layer_{i}")(x, *args[1:])
+  return x
 
 
 def _is_boxed(x) -> bool:
