@@ -147,6 +147,7 @@ def test_multi_head_attention_is_concat_of_heads_times_w_o(with_mask):
   np.testing.assert_allclose(out, expected, atol=1e-5)
 
 
+@pytest.mark.slow  # ~6 s on 2 cores: .ci/run runs it after the default suite
 def test_recorded_attention_weights_are_the_distributions_the_model_uses():
   """Applying with mutable intermediates records every layer's weights without changing the
   output: rows are distributions, padding keys get nothing, the decoder's self-attention is

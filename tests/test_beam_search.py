@@ -889,6 +889,7 @@ def test_shape_policies_give_the_same_translations_from_fewer_programs():
     assert programs["few"] < programs["fast"], (beam, programs)
 
 
+@pytest.mark.slow  # ~6 s on 2 cores: .ci/run runs it after the default suite
 def test_auto_shapes_take_few_for_small_calls_then_fast_from_the_first_large_one(monkeypatch):
   monkeypatch.setattr(batch_shapes, "AUTO_FEW_BELOW", 20)
   params, _ = tiny_model()

@@ -85,6 +85,7 @@ def naive_greedy(model, params, inputs, length):
   return out
 
 
+@pytest.mark.slow  # ~6 s on 2 cores: .ci/run runs it after the default suite
 def test_greedy_search_equals_naive_loop():
   # Untied output projection: with a shared embedding a random model tends to repeat its input
   # token forever, which would make the comparison vacuous.

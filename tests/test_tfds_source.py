@@ -27,6 +27,7 @@ def wmt_config():
   return config
 
 
+@pytest.mark.slow  # ~8 s on 2 cores: .ci/run runs it after the default suite
 def test_load_dataset_reads_mocked_wmt14_as_en_to_de(tmp_path):
   # mock_data replaces the download and the reading with random examples of the dataset's own
   # features ({'de': Text, 'en': Text}); everything else is our loading code.

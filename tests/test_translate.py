@@ -25,6 +25,7 @@ from transformer_jax.training import train
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # ~8 s on 2 cores: .ci/run runs it after the default suite
 def test_average_of_checkpoints_is_the_mean_of_their_params(trained_run):
   workdir, results = trained_run
   assert results["parameters"] == "average of steps [3, 4]"

@@ -48,6 +48,7 @@ def _pair(seed=0):
   return inputs, decoder_inputs.at[:, 0].set(2)  # BOS first
 
 
+@pytest.mark.slow  # ~9 s on 2 cores: .ci/run runs it after the default suite
 def test_the_variant_differs_from_the_stock_model_on_the_same_parameters():
   params, _ = tiny_model("alibi")
   inputs, decoder_inputs = _pair()
@@ -110,7 +111,7 @@ def test_the_fused_kernels_were_checked_against_eq1_as_it_reads():
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-@pytest.mark.parametrize("beam_size", [1, 4])
+@pytest.mark.parametrize("beam_size", [1, pytest.param(4, marks=pytest.mark.slow)])  # 4: ~8 s
 def test_a_naive_cache_decodes_the_same_tokens_as_the_searches_own(name, beam_size):
   """The same model, decoded with NaiveCache (full keys and values per row, gathered by parent;
   no slot table, no ring), gives the greedy and beam-4 tokens of kv_cache.SlotCache: what the

@@ -85,7 +85,8 @@ class TransformerConfig:
         ),
         (
             all(d is None or d > 0 for d in dims),
-            f"key_dim, value_dim and num_decoder_layers {dims} must be positive or None",
+            f"key_dim={self.key_dim}, value_dim={self.value_dim} and num_decoder_layers="
+            f"{self.num_decoder_layers} must be positive or None",
         ),
         (
             all(0.0 <= r < 1.0 for r in (self.dropout_rate, self.attention_dropout_rate)),
