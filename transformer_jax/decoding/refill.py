@@ -55,9 +55,8 @@ def invariant_cache(decoder, params, inputs: jax.Array):
   """The invariant cache of `inputs` [b, s], for rows that run their BOS step among the others.
   The first decoder call fills it, so that call is traced here; under jit, XLA drops the rest of
   it (the step's logits and self-attention keys)."""
-  params = decoder.unrolled(params)
-  encoded = decoder.stepped.apply({"params": params}, inputs, method="encode")  # [b, s, e]
-  bos = jnp.full((inputs.shape[0],), BOS_ID, jnp.int32)
+  params, bos = decoder.unrolled(params), jnp.full((inputs.shape[0],), BOS_ID, jnp.int32)
+  encoded = decoder.encode(params, inputs)  # [b, s, e]
   cache = decoder.step(params, decoder.init_cache(inputs, 1), encoded, inputs, bos, 0)[1]
   return decoder_lib.split(cache)[1]
 
