@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 
 from transformer_jax.model.attention import (
+    AttentionMask,
     MultiHeadAttention,
-    causal_mask,
-    combine_masks,
     dot_product_attention,
-    padding_mask,
     segment_mask,
 )
 from transformer_jax.model.config import TransformerConfig
@@ -57,6 +55,10 @@ def reference(q, k, v, mask=None):
   return out
 
 
+def padding_mask(valid):
+  return AttentionMask(key_valid=jnp.asarray(valid)).dense(Q)
+
+
 def test_dot_product_attention_is_equation_1():
   q, k, v = random_qkv()
   np.testing.assert_allclose(dot_product_attention(q, k, v, None), reference(q, k, v), atol=1e-5)
@@ -65,11 +67,8 @@ def test_dot_product_attention_is_equation_1():
 def test_dot_product_attention_with_mask():
   q, k, v = random_qkv(1)
   valid = np.array([[True] * 5, [True, True, True, False, False]])
-  mask = np.asarray(
-      combine_masks(
-          padding_mask(jnp.asarray(valid)), jnp.ones((B, 1, Q, K), bool).at[0, 0, 0, 4].set(False)
-      )
-  )
+  extra = jnp.ones((B, 1, Q, K), bool).at[0, 0, 0, 4].set(False)
+  mask = np.asarray(AttentionMask(key_valid=jnp.asarray(valid), extra=extra).dense(Q))
   np.testing.assert_allclose(
       dot_product_attention(q, k, v, mask), reference(q, k, v, mask), atol=1e-5
   )
@@ -80,7 +79,7 @@ def test_masked_keys_get_exactly_zero_weight():
   # One-hot values (value j = e_j) make the output equal to the attention weights.
   value = np.broadcast_to(np.eye(K, dtype=np.float32)[None, :, None, :], (B, K, H, K))
   valid = np.array([[True, True, False, True, False], [True, False, False, False, False]])
-  weights = np.asarray(dot_product_attention(q, k, value, padding_mask(jnp.asarray(valid))))
+  weights = np.asarray(dot_product_attention(q, k, value, padding_mask(valid)))
   assert weights.shape == (B, Q, H, K)  # [b, q, h, k]
   for b in range(B):
     assert np.all(weights[b, :, :, ~valid[b]] == 0.0)
@@ -90,8 +89,9 @@ def test_masked_keys_get_exactly_zero_weight():
 
 
 def test_causal_mask():
-  np.testing.assert_array_equal(causal_mask(3)[0, 0], [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
-  assert causal_mask(3).shape == (1, 1, 3, 3)
+  mask = AttentionMask(causal=True).dense(3)
+  np.testing.assert_array_equal(mask[0, 0], [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
+  assert mask.shape == (1, 1, 3, 3)
 
 
 def test_padding_mask():
@@ -109,10 +109,13 @@ def test_segment_mask():
   np.testing.assert_array_equal(mask[0, 0], [[1, 0, 0], [1, 0, 0], [0, 1, 1], [0, 0, 0]])
 
 
-def test_combine_masks():
-  assert combine_masks(None, None) is None
-  combined = combine_masks(causal_mask(2), None, jnp.array([[[[True, False]]]]))
+def test_dense_mask_combines_its_pieces():
+  assert AttentionMask().dense(2) is None
+  combined = AttentionMask(causal=True, extra=jnp.array([[[[True, False]]]])).dense(2)
   np.testing.assert_array_equal(combined[0, 0], [[1, 0], [1, 0]])
+  valid = jnp.array([[True, True, False]])
+  combined = AttentionMask(key_valid=valid, causal=True).dense(3)
+  np.testing.assert_array_equal(combined[0, 0], [[1, 0, 0], [1, 1, 0], [1, 1, 0]])
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
@@ -125,7 +128,7 @@ def test_multi_head_attention_is_concat_of_heads_times_w_o(with_mask):
   rng = np.random.default_rng(3)
   x_q = rng.standard_normal((B, Q, 8)).astype(np.float32)
   x_kv = rng.standard_normal((B, K, 8)).astype(np.float32)
-  mask = padding_mask(jnp.array([[True] * 5, [True, True, False, False, False]]))
+  mask = padding_mask([[True] * 5, [True, True, False, False, False]])
   mask = mask if with_mask else None
   module = MultiHeadAttention(config, kind="cross")
   # Random values on the module's own parameter tree (shapes via eval_shape: nothing compiled).

@@ -184,7 +184,7 @@ def test_chart_parser_keeps_the_parameter_names_of_the_old_chart_model():
 
   cfg = _chart_config(share_embeddings=False)
   model = chart_model.ChartParser(cfg, labels=4, tags=3, hidden=8)
-  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), cfg.dummy_inputs())
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
   params = nn.unbox(shapes)["params"]
   assert set(params) == {"source_embedding", "encoder", "chart"}
   assert set(params["chart"]) == {
@@ -194,7 +194,7 @@ def test_chart_parser_keeps_the_parameter_names_of_the_old_chart_model():
   assert params["chart"]["span_labels"]["kernel"].shape == (8, 4)
   assert params["chart"]["tag_labels"]["kernel"].shape == (8, 3)
   assert "bias" not in params["chart"]["span_last"]  # the span's bias is span_first's
-  dummy = cfg.dummy_inputs()
+  dummy = jnp.zeros((1, 8), jnp.int32)
   paper = jax.eval_shape(Transformer(cfg).init, jax.random.PRNGKey(0), dummy, dummy)
   paper = nn.unbox(paper)["params"]
   for name in ("source_embedding", "encoder"):
@@ -244,7 +244,7 @@ def test_chart_search_writes_trees_over_the_input_words(order, words):
   labels, tags = chart.classes(tokenizer.words)
   cfg = _chart_config(vocab_size=tokenizer.vocab_size)
   model = chart_model.ChartParser(cfg, labels=len(labels), tags=len(tags), hidden=8)
-  params = model.init(jax.random.PRNGKey(1), cfg.dummy_inputs())["params"]
+  params = model.init(jax.random.PRNGKey(1), jnp.zeros((1, 8), jnp.int32))["params"]
   form = trees.Linearization("labeled", words, order)
   search = chart.ChartSearch(model, tokenizer, form)
   assert search.model.config.deterministic and not model.config.deterministic

@@ -16,7 +16,7 @@ def random_params(config, seed=0, model=Transformer):
   Parameter shapes do not depend on the batch, so a [1, 4] dummy input describes the tree.
   """
   dummy = np.ones((1, 4), np.int32)
-  inputs = np.ones(config.dummy_inputs(1, 4).shape, np.int32)  # [1, 4]
+  inputs = np.ones((1, 4), np.int32)  # [1, 4]
   shapes = nn.unbox(jax.eval_shape(model(config).init, jax.random.key(0), inputs, dummy))
   rng = np.random.default_rng(seed)
 

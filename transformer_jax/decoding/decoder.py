@@ -1,10 +1,7 @@
-"""A run's model as the searches step it: encode once, then one token per step against a cache.
-
-`Decoder` decodes the module a task built, whatever its class, through what a model provides to
-be decoded (`encode`, `decode` in decode mode, a cache of nodes that `widen`, `follow` and `grow`:
-docs/changing_the_model.md); a scanned stack is decoded unrolled. Shapes: b sentences, s source
-length, n output length, v vocabulary, k beams, r = b * k rows.
-"""
+"""A run's model as the searches step it, whatever its class: `encode` once, then `decode` one
+token per step in decode mode against a cache of nodes that `widen`, `follow` and `grow`
+(docs/changing_the_model.md); a scanned stack is decoded unrolled. b sentences, s source length,
+n output length, v vocabulary, k beams, r = b * k rows."""
 
 from __future__ import annotations
 
@@ -29,24 +26,22 @@ class NotDecodable(UserError):
 def check_decodable(model: Any, cache: Any = kv_cache.SlotCache) -> None:
   """Raises NotDecodable, in one line naming what is missing, unless the searches can decode
   `model`: its methods, a config with the decode mode, and a cache kept in decode mode."""
-  name, config = type(model).__name__, getattr(model, "config", None)
+  config, what = getattr(model, "config", None), f"{type(model).__name__} cannot be decoded"
   missing = [f"`{m}`" for m in ("encode", "decode") if not callable(getattr(model, m, None))]
   if not missing and not all(hasattr(config, f) for f in ("replace", "decode", "cache")):
     missing = ["`config` with the decode mode (TransformerConfig's `decode` and `cache`)"]
-  try:
-    if not missing and not nodes(
-        Decoder(model, cache).cache_shapes(jnp.zeros((1, 2), jnp.int32), 2)
-    ):
+  if not missing:
+    try:
+      shapes = Decoder(model, cache).cache_shapes(jnp.zeros((1, 2), jnp.int32), 2)
+    except Exception as e:  # noqa: BLE001 - whatever a model raises in decode mode: named
+      first = (str(e).strip().splitlines() or [""])[0]
+      raise NotDecodable(f"{what} by the searches: its decode mode fails ({type(e).__name__}: "
+                         f"{first})") from e  # fmt: skip
+    if not nodes(shapes):
       missing = ["decoding cache (its decode mode keeps no cache nodes)"]
-  except Exception as e:  # noqa: BLE001 - whatever a model raises in decode mode: named
-    first = (str(e).strip().splitlines() or [""])[0]
-    raise NotDecodable(
-        f"{name} cannot be decoded by the searches: its decode mode fails "
-        f"({type(e).__name__}: {first})"
-    ) from e
   if missing:
     raise NotDecodable(
-        f"{name} cannot be decoded by the searches: it has no {', no '.join(missing)} "
+        f"{what} by the searches: it has no {', no '.join(missing)} "
         "(docs/changing_the_model.md), and its task supplies no predictor of its own"
     )
 
@@ -88,10 +83,9 @@ class Decoder:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.cache_shapes(inputs, length))
 
   def step(self, params, cache, encoded, inputs, tokens, position):
-    """One step: tokens [r] (the previous outputs) at `position` (a scalar, or [r]: each row's
-    own) -> (log_probs [r, v], cache) (the logits, with `normalize` False). `encoded` [b, s, e] on
-    the first step (it fills the cross-attention cache), None after; `inputs` [b, s] for the
-    source's padding. `params` as `unrolled` gives them."""
+    """tokens [r] (the previous outputs) at `position` (a scalar, or [r]) -> (log_probs [r, v]
+    (logits if not `normalize`), cache). `encoded` [b, s, e] on the first step (it fills the
+    cross-attention cache), None after; `inputs` [b, s] for the source's padding."""
     positions = jnp.reshape(jnp.asarray(position, jnp.int32), (-1, 1))  # [1 or r, 1]
     positions = jnp.broadcast_to(positions, (tokens.shape[0], 1))  # [r, 1]
     logits, variables = self.stepped.apply(

@@ -1,10 +1,9 @@
-"""The searches' decoding cache (`TransformerConfig.cache`): what each decoder attention layer
-keeps from step to step, laid out for the search (docs/changing_the_model.md, "The searches'
-cache"). Self-attention appends each step's key and value to a `SelfKV`; cross-attention projects
-the encoder output once, on the first step, into a `SourceKV` that later steps only read. Beam j
-of a sentence always writes into slot j, and following the parents gathers the slot table, never
-the keys; a ring (one slot, `row_start`) lets a row take a new sentence without the cache moving.
-Letters: b sentences, k beams, r = b * k rows, n positions, s source length, h heads, d head dim.
+"""The searches' decoding cache (`TransformerConfig.cache`; docs/changing_the_model.md, "The
+searches' cache"): self-attention appends each step's keys and values to a `SelfKV`, cross-
+attention keeps the encoder's, projected on the first step, in a `SourceKV`. Beam j writes into
+slot j and following the parents gathers the slot table, never the keys; a ring (`row_start`)
+lets a row take a new sentence in place. b sentences, k beams, r = b * k rows, n positions, s
+source length, h heads, d head dim.
 """
 
 from __future__ import annotations
@@ -147,22 +146,18 @@ class SlotCache(nn.Module):
     cache: model init, whose key [b, n, h, d] sets n positions (one slot) or s."""
     created = self.has_variable("cache", "state")
     if self.kind == "cross":
-      if key is not None:  # the first step: the encoder's keys, laid out once
-        self.put_variable(
-            "cache", "state", SourceKV(key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
-        )
+      if key is not None:  # the first step (or init): the encoder's keys, laid out once
+        state = SourceKV(key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
+        self.put_variable("cache", "state", state)
       elif not created:
         raise ValueError("cross-attention cache is empty: the first decoding step passes encoded")
-      if not created:
-        return None
       state = self.get_variable("cache", "state")
       mask = None if key_valid is None else key_valid[:, None, None, :]  # [b, 1, 1, s]
-      return CachedKeys(state.key, state.value, mask, None, HEADS_MAJOR)
-    if not created:
-      rows, length, heads = key.shape[:3]
-      zeros = jnp.zeros((rows, heads, key.shape[-1], length), key.dtype)
-      values = jnp.zeros((rows, heads, length, value.shape[-1]), value.dtype)
-      self.put_variable("cache", "state", SelfKV(zeros, values, jnp.array(0, jnp.int32)))
+      return CachedKeys(state.key, state.value, mask, None, HEADS_MAJOR) if created else None
+    if not created:  # one slot of n positions, zeros
+      key, value = key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3)
+      state = SelfKV(jnp.zeros_like(key), jnp.zeros_like(value), jnp.array(0, jnp.int32))
+      self.put_variable("cache", "state", state)
       return None
     state, keys = self.get_variable("cache", "state").write(key, value)
     self.put_variable("cache", "state", state)

@@ -25,30 +25,6 @@ from transformer_jax.parallel import sharding
 default_kernel_init = nn.initializers.xavier_uniform()
 
 
-# ----------------------------------------------------------------------------- masks
-
-
-def padding_mask(key_valid: jax.Array) -> jax.Array:
-  """[b, k] bool -> [b, 1, 1, k]. Queries are not masked: a padding query's output is unused."""
-  return key_valid[:, None, None, :]
-
-
-def causal_mask(length: int) -> jax.Array:
-  """[1, 1, L, L]: position i attends to positions <= i (§3.2.3, decoder self-attention)."""
-  idx = jnp.arange(length)
-  return (idx[:, None] >= idx[None, :])[None, None]
-
-
-def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
-  """[b, q], [b, k] int -> [b, 1, q, k]: packed sentences never attend across each other."""
-  return (query_segments[:, :, None] == key_segments[:, None, :])[:, None]
-
-
-def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
-  masks = [m for m in masks if m is not None]
-  return functools.reduce(jnp.logical_and, masks) if masks else None
-
-
 @flax.struct.dataclass
 class AttentionMask:
   """What each query may attend to, in the pieces fused kernels take: `key_valid` [b, k] (False:
@@ -62,15 +38,20 @@ class AttentionMask:
   causal: bool = flax.struct.field(pytree_node=False, default=False)
 
   def dense(self, query_length: int) -> jax.Array | None:
-    """The whole mask as one boolean array broadcastable to [b, 1, q, k] (None: attend to all)."""
-    return combine_masks(
-        causal_mask(query_length) if self.causal else None,
-        None if self.key_valid is None else padding_mask(self.key_valid),
-        self.extra,
-    )
+    """The whole mask as one boolean array broadcastable to [b, 1, q, k] (None: attend to all).
+    Queries are not masked: a padding query's output is unused."""
+    causal = None
+    if self.causal:  # §3.2.3: position i attends to positions <= i
+      idx = jnp.arange(query_length)
+      causal = (idx[:, None] >= idx[None, :])[None, None]  # [1, 1, q, q]
+    padding = None if self.key_valid is None else self.key_valid[:, None, None, :]  # [b, 1, 1, k]
+    masks = [m for m in (causal, padding, self.extra) if m is not None]
+    return functools.reduce(jnp.logical_and, masks) if masks else None
 
 
-# ----------------------------------------------------------------------------- Eq. 1
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+  """[b, q], [b, k] int -> [b, 1, q, k]: packed sentences never attend across each other."""
+  return (query_segments[:, :, None] == key_segments[:, None, :])[:, None]
 
 
 class Layout:
@@ -135,9 +116,6 @@ def fused_kernels_match() -> bool:
   return kernels.source_digest(dot_product_attention) == FUSED_CHECKED_AGAINST
 
 
-# ----------------------------------------------------------------------------- the layer
-
-
 class CachedKeys(NamedTuple):
   """What a decoding cache (`TransformerConfig.cache`) gives one step's attention: the keys and
   values so far in its `layout`, over b' groups of queries (a step's r rows are r / b' queries of
@@ -155,19 +133,16 @@ class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) Wᴼ, head_i = Attention(Q W_iᵠ, K W_iᴷ, V W_iⱽ).
 
   §3.2.2; the projections carry no bias (pure matrices in the paper). `kind`: "encoder",
-  "causal" (decoder self-attention) or "cross" (encoder-decoder). In decode mode decoder attention
-  keeps its keys and values in a `config.cache` module: given a step's keys and values (cross:
-  the encoder's, on the first step only) and the source's padding, it returns `CachedKeys`
-  (docs/changing_the_model.md).
-  """
+  "causal" (decoder self-attention) or "cross". In decode mode a `config.cache` module keeps the
+  keys and values: given a step's (cross: the encoder's, on the first step only) and the source's
+  padding, it returns `CachedKeys` (docs/changing_the_model.md)."""
 
   config: TransformerConfig
   kind: str = "encoder"
 
   def bias(self, query_positions: jax.Array, key_positions: jax.Array | None) -> Any:
-    """A term added to every head's logits, [b | 1, h, q, k], given the queries' positions
-    [b | 1, q] and the keys' [b | 1, k] (None for cross-attention): none in the paper. A variant
-    overrides it; training and every decoding step then add it alike."""
+    """A term [b | 1, h, q, k] added to the logits, from the positions of queries [b | 1, q] and
+    keys [b | 1, k] (None: cross-attention); none in the paper. A variant overrides it."""
     del query_positions, key_positions
     return None
 

@@ -1,9 +1,6 @@
-"""The model's hyperparameters (`TransformerConfig`) and the names they take.
-
-This module imports no Flax: attention.py and transformer.py both read it, and
-transformer_jax/config.py validates against it. Its fields are the keys of `config.model`, which
-builds it as `TransformerConfig(vocab_size, **config.model)`, and the modes.
-"""
+"""The model's hyperparameters (`TransformerConfig`): the keys of `config.model`, which builds it
+as `TransformerConfig(vocab_size, **config.model)`, and the modes. No Flax here: attention.py and
+transformer.py read it, transformer_jax/config.py validates against it."""
 
 from __future__ import annotations
 
@@ -77,31 +74,21 @@ class TransformerConfig:
     positive = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len")
     checks = [(getattr(self, f) > 0, f"{f}={getattr(self, f)} must be positive") for f in positive]
     dims = (self.key_dim, self.value_dim, self.num_decoder_layers)
+    rates = (self.dropout_rate, self.attention_dropout_rate)
     checks += [
-        (
-            None not in (self.key_dim, self.value_dim) or self.d_model % self.num_heads == 0,
-            f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
-            "(or set key_dim and value_dim)",
-        ),
-        (
-            all(d is None or d > 0 for d in dims),
-            f"key_dim={self.key_dim}, value_dim={self.value_dim} and num_decoder_layers="
-            f"{self.num_decoder_layers} must be positive or None",
-        ),
-        (
-            all(0.0 <= r < 1.0 for r in (self.dropout_rate, self.attention_dropout_rate)),
-            f"dropout_rate={self.dropout_rate}, attention_dropout_rate="
-            f"{self.attention_dropout_rate}: not in [0, 1)",
-        ),
-        (
-            self.relative_positions >= 0,
-            f"relative_positions={self.relative_positions} must be >= 0",
-        ),
-        (
-            self.positional != "sinusoidal" or self.d_model % 2 == 0,
-            f"sinusoidal positions need an even d_model, got {self.d_model}",
-        ),
-    ]
+        (None not in dims[:2] or self.d_model % self.num_heads == 0,
+         f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} "
+         "(or set key_dim and value_dim)"),
+        (all(d is None or d > 0 for d in dims),
+         f"key_dim={dims[0]}, value_dim={dims[1]} and num_decoder_layers={dims[2]} must be "
+         "positive or None"),
+        (all(0.0 <= r < 1.0 for r in rates),
+         f"dropout_rate={rates[0]}, attention_dropout_rate={rates[1]}: not in [0, 1)"),
+        (self.relative_positions >= 0,
+         f"relative_positions={self.relative_positions} must be >= 0"),
+        (self.positional != "sinusoidal" or self.d_model % 2 == 0,
+         f"sinusoidal positions need an even d_model, got {self.d_model}"),
+    ]  # fmt: skip
     for field, allowed in (
         ("positional", ("sinusoidal", "learned")),
         ("norm_position", ("post", "pre")),
@@ -128,10 +115,6 @@ class TransformerConfig:
   @property
   def decoder_layers(self) -> int:
     return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
-
-  def dummy_inputs(self, rows: int = 1, length: int = 8):
-    """PAD inputs [rows, length]: what `init` traces."""
-    return jnp.zeros((rows, length), jnp.int32)
 
   def replace(self, **changes) -> TransformerConfig:
     return dataclasses.replace(self, **changes)

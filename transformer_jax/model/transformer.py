@@ -80,7 +80,6 @@ class RelativePositions(nn.Module):
 
 
 def _dense(cfg: TransformerConfig, features: int, axes: tuple, name: str) -> nn.Dense:
-  """A Dense layer (kernel `axes` = (in, out), a bias) in cfg's dtypes."""
   return nn.Dense(
       features,
       dtype=cfg.dtype,
@@ -118,8 +117,7 @@ def layer_norm(cfg: TransformerConfig, name: str, axis: str = sharding.EMBED) ->
 
 
 class SubLayer(nn.Module):
-  """post-LN (§3.1, §5.4): LayerNorm(x + Dropout(Sublayer(x))); pre-LN: x +
-  Dropout(Sublayer(LayerNorm(x)))."""
+  """§3.1, §5.4: LayerNorm(x + Dropout(Sublayer(x))); pre-LN: x + Dropout(Sublayer(LayerNorm(x)))"""
 
   config: TransformerConfig
 
@@ -259,12 +257,9 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-  """Encoder-decoder Transformer. `encode` and `decode` are usable on their own: a search steps
-  `decode` one token at a time in decode mode (decoding/decoder.py).
-
-  Token id PAD_ID (0) is padding everywhere. Packed batches pass `*_segmentation` (sentence ids,
-  0 = padding) and `*_positions` (restarting at 0 for each sentence).
-  """
+  """Encoder-decoder Transformer; a search steps `decode` in decode mode (decoding/decoder.py).
+  PAD_ID (0) is padding. Packed batches pass `*_segmentation` (sentence ids, 0 = padding) and
+  `*_positions` (restarting at 0 for each sentence)."""
 
   config: TransformerConfig
   attention: Any = MultiHeadAttention  # every attention layer's class (a variant's own)

@@ -93,7 +93,7 @@ def abstract_params(model: nn.Module | TransformerConfig, param_sharding) -> Any
   `param_sharding`. `model`: the run's (a TransformerConfig: the paper's Transformer of it)."""
   if isinstance(model, TransformerConfig):
     model = Transformer(model)
-  dummy, targets = model.config.dummy_inputs(), jnp.zeros((1, 8), jnp.int32)
+  dummy = targets = jnp.zeros((1, 8), jnp.int32)  # what `init` traces: PAD tokens
   shapes = jax.eval_shape(
       lambda: nn.unbox(model.init(jax.random.PRNGKey(0), dummy, targets))["params"]
   )

@@ -257,7 +257,7 @@ class Trainer:
     return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
 
   def _init_boxed(self, rng) -> TrainState:
-    dummy, targets = self.train_model.config.dummy_inputs(), jnp.zeros((1, 8), jnp.int32)
+    dummy = targets = jnp.zeros((1, 8), jnp.int32)  # what `init` traces: PAD tokens
     params = self.train_model.init({"params": rng, "dropout": rng}, dummy, targets)["params"]
     return TrainState(
         step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
