@@ -15,9 +15,8 @@ def random_params(config, seed=0, model=Transformer):
   Larger than the real init so every path matters, and nothing is compiled for initialisation.
   Parameter shapes do not depend on the batch, so a [1, 4] dummy input describes the tree.
   """
-  dummy = np.ones((1, 4), np.int32)
-  inputs = np.ones((1, 4), np.int32)  # [1, 4]
-  shapes = nn.unbox(jax.eval_shape(model(config).init, jax.random.key(0), inputs, dummy))
+  inputs = np.ones((1, 4), np.int32)  # [1, 4], source and decoder inputs alike
+  shapes = nn.unbox(jax.eval_shape(model(config).init, jax.random.key(0), inputs, inputs))
   rng = np.random.default_rng(seed)
 
   def fill(path, shape):

@@ -26,7 +26,8 @@ class NotDecodable(UserError):
 def check_decodable(model: Any, cache: Any = kv_cache.SlotCache) -> None:
   """Raises NotDecodable, in one line naming what is missing, unless the searches can decode
   `model`: its methods, a config with the decode mode, and a cache kept in decode mode."""
-  config, what = getattr(model, "config", None), f"{type(model).__name__} cannot be decoded"
+  config = getattr(model, "config", None)
+  what = f"{type(model).__name__} cannot be decoded by the searches"
   missing = [f"`{m}`" for m in ("encode", "decode") if not callable(getattr(model, m, None))]
   if not missing and not all(hasattr(config, f) for f in ("replace", "decode", "cache")):
     missing = ["`config` with the decode mode (TransformerConfig's `decode` and `cache`)"]
@@ -35,14 +36,13 @@ def check_decodable(model: Any, cache: Any = kv_cache.SlotCache) -> None:
       shapes = Decoder(model, cache).cache_shapes(jnp.zeros((1, 2), jnp.int32), 2)
     except Exception as e:  # noqa: BLE001 - whatever a model raises in decode mode: named
       first = (str(e).strip().splitlines() or [""])[0]
-      raise NotDecodable(f"{what} by the searches: its decode mode fails ({type(e).__name__}: "
-                         f"{first})") from e  # fmt: skip
+      raise NotDecodable(f"{what}: its decode mode fails ({type(e).__name__}: {first})") from e
     if not nodes(shapes):
       missing = ["decoding cache (its decode mode keeps no cache nodes)"]
   if missing:
     raise NotDecodable(
-        f"{what} by the searches: it has no {', no '.join(missing)} "
-        "(docs/changing_the_model.md), and its task supplies no predictor of its own"
+        f"{what}: it has no {', no '.join(missing)} (docs/changing_the_model.md), and its task "
+        "supplies no predictor of its own"
     )
 
 
