@@ -1,22 +1,21 @@
-"""A checkpoint's values are what was saved, or every reader says it is damaged (runs/digest.py).
+"""A checkpoint's files are what was saved, or every reader says it is damaged (runs/digest.py).
 
-The digest is tested against its formula and for independence from sharding; a tiny run's
-checkpoints are then damaged as a disk or a copy would (bytes flipped in its data files, a file
-cut short, one array changed behind the digest's back, the data position edited) and each reader
-is checked: training's restore, the parameters-only restore of the commands (translate, parse,
-tune_decoding, export, plot_attention and Parser.load all load through `inference.load_run`),
-`average` and the averaged parameters. Checkpoints written before digests (no `digest` item)
-still restore, with a note.
+The record is tested against its definition (each file's size and zlib's CRC-32) and for being
+written before the step commits; a tiny run's checkpoints are then damaged as a disk or a copy
+would (bytes flipped in its data files, a file cut short or lost, values changed behind the
+record's back, the data position edited) and each reader is checked: training's restore, the
+parameters-only restore of the commands (translate, parse, tune_decoding, export, plot_attention
+and Parser.load all load through `inference.load_run`), `average` and the averaged parameters.
+Checkpoints written without a record still restore, with a note.
 """
 
 import json
 import shutil
+import zlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
 
 from transformer_jax import average
 from transformer_jax import config as config_lib
@@ -25,50 +24,23 @@ from transformer_jax.runs import checkpoint, digest, inference
 from transformer_jax.training import train
 
 
-def _formula(x: np.ndarray) -> tuple[int, int]:
-  """The module docstring's two sums, in Python integers modulo 2**32."""
-  words = x.reshape(-1).view(np.uint32).astype(np.uint64)
-  mask = 2**32 - 1
-  weighted = mixed = 0
-  for i, w in enumerate(int(v) for v in words):
-    weighted = (weighted + w * (2 * i + 1)) & mask
-    h = w ^ ((i * 0x9E3779B9) & mask)
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & mask
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & mask
-    h ^= h >> 16
-    mixed = (mixed + h) & mask
-  return weighted, mixed
-
-
-def test_the_digest_is_its_formula_and_the_same_on_any_sharding():
-  x = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
-  weighted, mixed = _formula(x)
-  assert digest.tree_digest({"x": x}) == {"x": f"float32[8, 6]:{weighted:08x}{mixed:08x}"}
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
-  sharded = jax.device_put(x, NamedSharding(mesh, PartitionSpec("a", "b")))
-  assert len(sharded.addressable_shards) == 8
-  assert digest.tree_digest({"x": sharded}) == digest.tree_digest({"x": x})
-
-
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32, jnp.int8, jnp.bool_])
-def test_any_changed_element_changes_the_digest(dtype):
-  x = (jnp.arange(24).reshape(2, 3, 4) % 7).astype(dtype)
-  before = digest.tree_digest({"x": x})["x"]
-  for index in [(0, 0, 0), (1, 2, 3), (0, 1, 2)]:
-    changed = x.at[index].set(jnp.asarray(1, dtype) if x[index] == 0 else jnp.asarray(0, dtype))
-    assert digest.tree_digest({"x": changed})["x"] != before, index
-  # Two different elements swapped: the same values at other positions.
-  swapped = x.at[0, 0, 0].set(x[0, 0, 1]).at[0, 0, 1].set(x[0, 0, 0])
-  assert digest.tree_digest({"x": swapped})["x"] != before
-
-
-def test_leaf_names_come_from_the_keys_not_from_how_a_path_prints():
-  tree = {"params": {"dense": [jnp.zeros(2), jnp.ones(3)]}}
-  assert list(digest.tree_digest(tree)) == ["params/dense/0", "params/dense/1"]
-  state = train.TrainState(step=jnp.int32(1), params={"w": jnp.zeros(2)}, opt_state=())
-  assert list(digest.tree_digest(state)) == ["step", "params/w"]
+def test_the_record_is_each_files_size_and_crc32(tmp_path):
+  (tmp_path / "item" / "d").mkdir(parents=True)
+  contents = {"top": b"step metadata", "item/a": b"x" * 70_000, "item/d/b": bytes(range(256))}
+  for name, data in contents.items():
+    (tmp_path / name).write_bytes(data)
+  expected = {k: [len(v), f"{zlib.crc32(v):08x}"] for k, v in contents.items()}
+  assert digest.record_files(tmp_path) == expected
+  items = {k: v for k, v in expected.items() if "/" in k}
+  assert digest.record_files(tmp_path, subdirectories=True) == items
+  digest.write(tmp_path, items)
+  assert digest.record_files(tmp_path) == expected  # the record itself is never recorded
+  assert digest.damaged(tmp_path, items) == []
+  (tmp_path / "item" / "a").write_bytes(b"x" * 69_999 + b"y")
+  (tmp_path / "item" / "d" / "b").unlink()
+  assert digest.damaged(tmp_path, items) == ["item/a (other bytes)", "item/d/b (missing)"]
+  (tmp_path / "item" / "a").write_bytes(b"x")
+  assert digest.damaged(tmp_path, items)[0] == "item/a (1 bytes, 70000 written)"
 
 
 @pytest.fixture(scope="module")
@@ -123,16 +95,38 @@ def test_an_intact_run_restores_verified_with_no_note(trained, caplog):
   assert int(state.step) == 4 and data
   assert inference.load_run(str(trained), "avg", beam_size=1).checkpoint.startswith("average")
   assert "without a digest" not in caplog.text
+  for step in (2, 3, 4):  # every step's items recorded as they are on disk
+    step_dir = trained / "checkpoints" / str(step)
+    record = json.loads((step_dir / digest.RECORD).read_text())
+    assert record["files"] == digest.record_files(step_dir, subdirectories=True)
+    assert "data/metadata" in record["files"]
+    assert any(n.startswith("state/ocdbt.process_0/d/") for n in record["files"])
 
 
-@pytest.mark.parametrize("damage", ["bytes flipped", "cut short"])
+def test_a_step_is_committed_only_with_its_record(run_copy, monkeypatch):
+  state, data = _restore_state(run_copy, 4)
+
+  def fail(*args, **kwargs):
+    raise OSError("disk full")
+
+  monkeypatch.setattr(digest, "record_files", fail)
+  with pytest.raises(OSError, match="disk full"):
+    with checkpoint.make_manager(str(run_copy), keep=10, save_every=1) as manager:
+      checkpoint.save(manager, 5, state, data, force=True)
+      manager.wait_until_finished()
+  assert not (run_copy / "checkpoints" / "5").exists()  # never committed
+
+
+@pytest.mark.parametrize("damage", ["bytes flipped", "cut short", "lost"])
 def test_damaged_checkpoint_bytes_are_named_by_every_reader(run_copy, damage):
   _, abstract = _abstract(run_copy)
   for f in _data_files(run_copy / "checkpoints" / "4" / "state"):
     if damage == "bytes flipped":
       _flip_bytes(f)
-    else:
+    elif damage == "cut short":
       f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    else:
+      f.unlink()
   expected = r"checkpoint step 4 .*(is damaged|cannot be restored)"
   with pytest.raises(checkpoint.CheckpointError, match=expected) as raised:
     inference.restore_params(str(run_copy), 4, abstract)  # the commands' restore
@@ -157,25 +151,22 @@ def test_bytes_orbax_reads_without_complaint_are_caught_by_the_digest(run_copy):
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0x5A
     f.write_bytes(bytes(data))
-  with pytest.raises(checkpoint.CheckpointError, match=r"step 4 .* is damaged: \d+ saved arrays"):
+  expected = r"step 4 .* is damaged: \d+ of its files differ .*other bytes"
+  with pytest.raises(checkpoint.CheckpointError, match=expected):
     _restore_state(run_copy, 4)
 
 
 def _resave_behind_the_digest(workdir, step, change):
-  """Rewrites checkpoint `step` with `change(state)` but the digest of the state as saved: the
-  files hold other values than the ones the digest was taken of, as after silent damage."""
+  """Rewrites checkpoint `step` with `change(state)` and puts back the record of the files as
+  first saved: the files hold other values than the record was taken of, as after damage."""
   state, data = _restore_state(workdir, step)
-  original = digest.tree_digest(state)
-  changed = change(state)
-  (workdir / "checkpoints" / str(step)).rename(workdir / f"old_{step}")
+  step_dir = workdir / "checkpoints" / str(step)
+  record = (step_dir / digest.RECORD).read_text()
+  step_dir.rename(workdir / f"old_{step}")
   with checkpoint.make_manager(str(workdir), keep=10, save_every=1) as manager:
-    real = digest.tree_digest
-    digest.tree_digest = lambda tree: original
-    try:
-      checkpoint.save(manager, step, changed, data, force=True)
-      manager.wait_until_finished()
-    finally:
-      digest.tree_digest = real
+    checkpoint.save(manager, step, change(state), data, force=True)
+    manager.wait_until_finished()
+  (step_dir / digest.RECORD).write_text(record)
 
 
 def _nudge(tree):
@@ -186,20 +177,15 @@ def _nudge(tree):
   return jax.tree.unflatten(treedef, leaves)
 
 
-def test_a_changed_optimizer_moment_is_named_and_the_parameters_still_load(run_copy):
-  _resave_behind_the_digest(run_copy, 4, lambda s: s.replace(opt_state=_nudge(s.opt_state)))
-  with pytest.raises(checkpoint.CheckpointError, match=r"is damaged: 1 saved arrays .*opt_state/"):
+@pytest.mark.parametrize("part", ["opt_state", "params"])
+def test_changed_values_are_named_by_every_reader(run_copy, part):
+  _resave_behind_the_digest(run_copy, 4, lambda s: s.replace(**{part: _nudge(getattr(s, part))}))
+  expected = r"step 4 .* is damaged: \d+ of its files differ from the digest"
+  with pytest.raises(checkpoint.CheckpointError, match=expected):
     _restore_state(run_copy, 4)
-  # The commands read the parameters only, and those are intact.
-  assert inference.load_run(str(run_copy), "latest", beam_size=1).checkpoint == "step 4"
-
-
-def test_a_changed_parameter_is_named(run_copy):
-  _resave_behind_the_digest(run_copy, 4, lambda s: s.replace(params=_nudge(s.params)))
-  with pytest.raises(checkpoint.CheckpointError, match=r"is damaged: 1 saved arrays .*\(params/"):
+  # The commands read all of the step's files before its parameters, moments included.
+  with pytest.raises(checkpoint.CheckpointError, match=expected):
     inference.load_run(str(run_copy), "latest", beam_size=1)
-  with pytest.raises(checkpoint.CheckpointError, match=r"is damaged: 1 saved arrays .*\(params/"):
-    _restore_state(run_copy, 4)
 
 
 def test_a_changed_data_position_is_named(run_copy):
@@ -207,8 +193,18 @@ def test_a_changed_data_position_is_named(run_copy):
   position = json.loads(path.read_text())
   position["train_seconds"] = position.get("train_seconds", 0) + 1000
   path.write_text(json.dumps(position))
-  with pytest.raises(checkpoint.CheckpointError, match="data position differs"):
+  with pytest.raises(checkpoint.CheckpointError, match=r"is damaged: 1 of .*\(data/metadata \("):
     _restore_state(run_copy, 4)
+
+
+@pytest.mark.parametrize("text", ['{"format": 2, "fi', '{"format": 2, "files": [1]}', "[]"])
+def test_a_damaged_record_is_named(run_copy, text):
+  (run_copy / "checkpoints" / "4" / digest.RECORD).write_text(text)
+  expected = r"checkpoints/4/digest.json is damaged or cut short \(.*\): .*--checkpoint STEP"
+  with pytest.raises(checkpoint.CheckpointError, match=expected):
+    _restore_state(run_copy, 4)
+  with pytest.raises(checkpoint.CheckpointError, match=expected):
+    inference.load_run(str(run_copy), "latest", beam_size=1)
 
 
 def test_damaged_averaged_parameters_are_named(run_copy):
@@ -222,7 +218,7 @@ def test_damaged_averaged_parameters_are_named(run_copy):
 
 
 def test_checkpoints_written_before_digests_load_with_a_note(run_copy, caplog):
-  shutil.rmtree(run_copy / "checkpoints" / "4" / checkpoint.DIGEST_ITEM)
+  (run_copy / "checkpoints" / "4" / digest.RECORD).unlink()
   (run_copy / checkpoint.AVERAGED_DIR / "steps.json").write_text('{"steps": [3, 4]}')
   state, _ = _restore_state(run_copy, 4)
   assert int(state.step) == 4

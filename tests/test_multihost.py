@@ -191,7 +191,12 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path):
   for key in one.files:
     np.testing.assert_allclose(two[key], one[key], rtol=1e-6, atol=1e-7, err_msg=key)
 
-  # The checkpoint the two processes wrote together restores on one device to the same values.
+  # The checkpoint the two processes wrote together restores on one device to the same values,
+  # its files (both processes' data files) checked against the record process 0 wrote.
+  record = json.loads((pathlib.Path(ckpt) / "checkpoints" / str(STEPS) / "digest.json").read_text())
+  assert {"state/ocdbt.process_0", "state/ocdbt.process_1"} <= {
+      name.rsplit("/d/", 1)[0] for name in record["files"]
+  }
   config = tiny_config()
   config.mesh = {"data": 1, "fsdp": 1, "tensor": 1}
   trainer = train.Trainer(config, config_lib.model_config(config, VOCAB), devices=jax.devices()[:1])

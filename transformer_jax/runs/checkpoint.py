@@ -10,12 +10,13 @@ half-synced bucket) is set aside, not deleted: resuming restores the newest read
 moves the unreadable newer ones to `workdir/checkpoints.unreadable/`, where they can be inspected
 or moved back.
 
-Orbax does not check the bytes of the arrays it reads back, so each checkpoint also holds
-`digest`: a digest of every array of the state and of the data position (runs/digest.py),
-committed with them. Every restore recomputes and compares it, and a checkpoint whose values
-differ is reported as damaged (and, when resuming, set aside like an unreadable one). The
-averaged parameters carry theirs in `averaged/steps.json`. Checkpoints written before digests
-were kept restore unverified, with a note saying so.
+Orbax does not check the bytes of the array chunks it reads back, so each checkpoint also holds
+`digest.json`: the size and CRC-32 of every file of `state/` and `data/` (runs/digest.py), written
+in Orbax's background thread once the files are written and before the step is committed. Every
+restore checks the files against it first, and a checkpoint whose files differ is reported as
+damaged (and, when resuming, set aside like an unreadable one). The averaged parameters carry
+theirs in `averaged/steps.json`. Checkpoints written without such a record (before it was kept)
+restore unverified, with a note saying so.
 """
 
 from __future__ import annotations
@@ -33,96 +34,110 @@ from transformer_jax.parallel import distributed
 from transformer_jax.runs import digest
 
 UNREADABLE_DIR = "checkpoints.unreadable"
-DIGEST_ITEM = "digest"
-DIGEST_FORMAT = 1
 
 
 class CheckpointError(errors.UserError):
   """A checkpoint that exists but cannot be restored; the message names the step and directory."""
 
 
-def make_manager(workdir: str, *, keep: int, save_every: int) -> ocp.CheckpointManager:
+class Manager(ocp.CheckpointManager):
+  """Orbax's manager, with the digest of each step's files written before the step commits.
+
+  Orbax calls `post_finalization_callback` on the primary process once every process has written
+  and finalized the step, in its background thread, and commits the step (renames the temporary
+  directory) after it; an error there leaves the step uncommitted and is raised by the next save
+  or wait."""
+
+  def __init__(self, directory: str, options: ocp.CheckpointManagerOptions, **kwargs):
+    self.digest_step: int | None = None  # the step whose save is in flight
+    options.async_options = ocp.AsyncOptions(post_finalization_callback=self._write_digest)
+    super().__init__(directory, options=options, **kwargs)
+
+  def save(self, step: int, *args, **kwargs) -> bool:
+    self.wait_until_finished()  # as Orbax's save does first: one save in flight at a time
+    self.digest_step = step
+    return super().save(step, *args, **kwargs)
+
+  def _write_digest(self) -> None:
+    final = epath.Path(self.directory) / str(self.digest_step)
+    # Before the commit, the step is in Orbax's temporary directory beside the final one
+    # (renamed at the commit); where Orbax commits by a marker file instead (cloud buckets), it
+    # is the final directory itself.
+    temporary = final.parent / f"{final.name}{ocp.path.atomicity.TMP_DIR_SUFFIX}"
+    step_dir = temporary if temporary.is_dir() else final
+    if not step_dir.is_dir():
+      raise CheckpointError(f"checkpoint step {self.digest_step}: no directory to record in")
+    digest.write(step_dir, digest.record_files(step_dir, subdirectories=True))
+
+
+def make_manager(workdir: str, *, keep: int, save_every: int) -> Manager:
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep,
       save_interval_steps=save_every,
       create=True,
   )
-  return ocp.CheckpointManager(
+  return Manager(
       os.path.abspath(os.path.join(workdir, "checkpoints")),
       options=options,
-      item_names=("state", "data", DIGEST_ITEM),
+      item_names=("state", "data"),
   )
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_state: dict, *, force=False):
-  """Saves if `step` is on the interval (or `force`); returns whether a save started.
-
-  The digest of the state and of the data position is computed only for a step that is saved,
-  and committed in the same checkpoint."""
+  """Saves if `step` is on the interval (or `force`); returns whether a save started."""
   if not (force or manager.should_save(step)):
     return False
-  digests = {
-      "format": DIGEST_FORMAT,
-      "state": digest.tree_digest(state),
-      "data": digest.json_digest(data_state),
-  }
   return manager.save(
       step,
       args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state),
-          data=ocp.args.JsonSave(data_state),
-          **{DIGEST_ITEM: ocp.args.JsonSave(digests)},
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
       ),
       force=force,
   )
 
 
-def _has_digest(step_dir) -> bool:
-  return (epath.Path(step_dir) / DIGEST_ITEM).is_dir()
-
-
-def read_digest(step_dir) -> dict | None:
-  """The digest saved in checkpoint directory `step_dir` (`.../checkpoints/<step>`), or None for
-  a checkpoint written before digests were kept. A digest that cannot be read is an error."""
-  path = epath.Path(step_dir) / DIGEST_ITEM
-  if not path.is_dir():
+def read_record(path) -> dict | None:
+  """The digest record at `path` (a `digest.json`), or None when there is none (a checkpoint
+  written before records were kept). A record that cannot be read is a CheckpointError."""
+  path = epath.Path(path)
+  if not path.exists():
     return None
-  with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
-    saved = checkpointer.restore(path, args=ocp.args.JsonRestore())
-  _check_digest_record(saved, path)
-  return saved
+  try:
+    record = json.loads(path.read_text())
+    if not digest.is_record(record):
+      raise ValueError(f"not a format-{digest.FORMAT} digest record")
+  except (ValueError, UnicodeDecodeError) as e:
+    raise CheckpointError(
+        f"{path} is damaged or cut short ({_first_line(e)}): the checkpoint cannot be verified; "
+        "use an older checkpoint (--checkpoint STEP) or restore the file from a copy"
+    ) from None
+  return record
 
 
-def _check_digest_record(saved, where) -> None:
-  if (
-      not isinstance(saved, dict)
-      or saved.get("format") != DIGEST_FORMAT
-      or not isinstance(saved.get("state"), dict)
-  ):
-    raise ValueError(f"the digest in {where} is not a format-{DIGEST_FORMAT} digest record")
-
-
-def verify(saved: dict | None, restored, where: str, prefix: str = "") -> None:
-  """Raises CheckpointError when `restored`'s arrays differ from the digests `saved` with them.
-
-  `where` names the checkpoint in messages; `prefix` is the path of `restored` in the saved tree
-  ("params/" for the parameters alone). `saved` None (no digest): a one-line note, no check."""
-  if saved is None:
+def verify(record: dict | None, directory, where: str) -> None:
+  """Raises CheckpointError when the files under `directory` differ from `record` (written with
+  them); `where` names the checkpoint in messages. `record` None: a one-line note, no check."""
+  if record is None:
     logging.warning(
         "%s was written without a digest (by an older version): its values are not verified",
         where,
     )
     return
-  bad, unknown = digest.mismatches(saved["state"], restored, prefix)
+  bad = digest.damaged(directory, record["files"])
   if bad:
     listing = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
     raise CheckpointError(
-        f"{where} is damaged: {len(bad)} saved arrays differ from the digest written with them "
-        f"({listing}); its files changed after they were written. Use an older checkpoint "
-        "(--checkpoint STEP) or restore the files from a copy"
+        f"{where} is damaged: {len(bad)} of its files differ from the digest written with them "
+        f"({listing}). Use an older checkpoint (--checkpoint STEP) or restore the files from a "
+        "copy"
     )
-  if unknown:
-    logging.warning("%s: %d arrays have no saved digest and are not verified", where, unknown)
+
+
+def verify_step(directory, step: int) -> None:
+  """Checks the files of checkpoint `step` in the checkpoint directory `directory`."""
+  step_dir = epath.Path(directory) / str(step)
+  where = f"checkpoint step {step} in {directory}"
+  verify(read_record(step_dir / digest.RECORD), step_dir, where)
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state, step: int | None = None):
@@ -134,29 +149,17 @@ def restore(manager: ocp.CheckpointManager, abstract_state, step: int | None = N
   step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {manager.directory}")
-  where = f"checkpoint step {step} in {manager.directory}"
-  with_digest = _has_digest(epath.Path(manager.directory) / str(step))
+  verify_step(manager.directory, step)  # before anything is read
   try:
     restored = manager.restore(
         step,
         args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
-            data=ocp.args.JsonRestore(),
-            **({DIGEST_ITEM: ocp.args.JsonRestore()} if with_digest else {}),
+            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
         ),
     )
     data_state = restored["data"]
     if not isinstance(data_state, dict):
       raise ValueError(f"the data position is {type(data_state).__name__}, not a JSON object")
-    saved = restored[DIGEST_ITEM] if with_digest else None
-    if saved is not None:
-      _check_digest_record(saved, "the checkpoint")
-      if saved.get("data") != digest.json_digest(data_state):
-        raise CheckpointError(
-            f"{where} is damaged: its data position differs from the digest written with it"
-        )
-  except CheckpointError:
-    raise
   # Orbax and TensorStore raise many types for bad bytes (ValueError, OSError, KeyError,
   # json.JSONDecodeError, ...): whatever it is, say which checkpoint it came from.
   except Exception as e:  # noqa: BLE001
@@ -164,7 +167,6 @@ def restore(manager: ocp.CheckpointManager, abstract_state, step: int | None = N
         f"checkpoint step {step} in {manager.directory} cannot be restored: "
         f"{type(e).__name__}: {_first_line(e)}"
     ) from e
-  verify(saved, restored["state"], where)
   return restored["state"], data_state
 
 
@@ -267,13 +269,9 @@ AVERAGED_DIR = "averaged"
 
 def save_averaged(workdir: str, params, steps: list[int], selection: dict | None = None) -> str:
   """Writes averaged parameters to `workdir/averaged` (replacing an older average), and
-  `steps.json`: the steps averaged, the parameters' digest and, for an average chosen on
-  validation (train.select_on_validation), `selection`: its metric, score and step."""
+  `steps.json`: the steps averaged, the digest of the parameters' files and, for an average
+  chosen on validation (train.select_on_validation), `selection`: its metric, score and step."""
   path = os.path.abspath(os.path.join(workdir, AVERAGED_DIR))
-  record = {"steps": [int(s) for s in steps], "format": DIGEST_FORMAT}
-  if selection is not None:
-    record["selection"] = selection
-  record["state"] = {f"params/{k}": v for k, v in digest.tree_digest(params).items()}
   # An older average's record must not vouch for these parameters while they are written.
   stale = epath.Path(path) / "steps.json"
   if distributed.is_chief() and stale.exists():
@@ -282,6 +280,10 @@ def save_averaged(workdir: str, params, steps: list[int], selection: dict | None
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(os.path.join(path, "params"), params, force=True)
   if distributed.is_chief():
+    record = {"steps": [int(s) for s in steps], "format": digest.FORMAT}
+    if selection is not None:
+      record["selection"] = selection
+    record["files"] = digest.record_files(os.path.join(path, "params"))
     files.atomic_write(
         os.path.join(path, "steps.json"), lambda tmp: epath.Path(tmp).write_text(json.dumps(record))
     )
@@ -289,7 +291,7 @@ def save_averaged(workdir: str, params, steps: list[int], selection: dict | None
 
 
 def load_averaged(workdir: str, abstract_params):
-  """The averaged parameters, checked against the digest in `averaged/steps.json`."""
+  """The averaged parameters, their files checked against the digest in `averaged/steps.json`."""
   path = os.path.abspath(os.path.join(workdir, AVERAGED_DIR))
   if not os.path.isdir(os.path.join(path, "params")):
     raise FileNotFoundError(
@@ -298,19 +300,19 @@ def load_averaged(workdir: str, abstract_params):
     )
   where = f"the averaged checkpoint {path}"
   record = averaged_record(workdir)
+  verify(record if record and "files" in record else None, os.path.join(path, "params"), where)
   try:
     with ocp.StandardCheckpointer() as checkpointer:
-      params = checkpointer.restore(os.path.join(path, "params"), abstract_params)
+      return checkpointer.restore(os.path.join(path, "params"), abstract_params)
   except Exception as e:  # noqa: BLE001 - as in `restore`: name the checkpoint, whatever it is
     raise CheckpointError(
         f"{where} cannot be restored: {type(e).__name__}: {_first_line(e)}"
     ) from e
-  verify(record if record and "state" in record else None, params, where, prefix="params/")
-  return params
 
 
 def averaged_record(workdir: str) -> dict | None:
-  """`averaged/steps.json` ({"steps": [...], and the digest}), or None when there is none."""
+  """`averaged/steps.json` ({"steps": [...], and the digest}), or None when there is none.
+  A record of an older format (no "files") has its steps and no digest."""
   path = os.path.join(os.path.abspath(workdir), AVERAGED_DIR, "steps.json")
   if not os.path.exists(path):
     return None
@@ -318,8 +320,8 @@ def averaged_record(workdir: str) -> dict | None:
     record = json.loads(epath.Path(path).read_text())
     if not isinstance(record, dict) or not isinstance(record.get("steps"), list):
       raise ValueError("expected an object with a list of steps")
-    if "state" in record:
-      _check_digest_record(record, path)
+    if "files" in record and not digest.is_record(record):
+      raise ValueError(f"its files are not a format-{digest.FORMAT} digest record")
   except (ValueError, UnicodeDecodeError) as e:
     raise CheckpointError(
         f"{path} is damaged or cut short ({_first_line(e)}): run `python -m "

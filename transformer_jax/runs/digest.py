@@ -1,153 +1,95 @@
-"""Digests of a checkpoint's values: what was saved is what is restored, or the restore says so.
+"""Digests of a checkpoint's files: what was saved is what is read back, or the reader says so.
 
-Orbax and TensorStore check the structure of a checkpoint (its metadata, its shard indices) but
-not the bytes of the arrays: a flipped byte in a data file restores as a different number,
-silently. So every checkpoint carries, committed with it, a digest of each array's values, and
-each restore recomputes it and compares.
+Orbax and TensorStore check a checkpoint's structure (OCDBT's b-tree nodes and the zarr3 shard
+indices carry CRC-32C checksums) but not the bytes of the array chunks: a flipped byte in a data
+file restores as a different number, silently. So a checkpoint carries a record of each of its
+files, its size and CRC-32, taken once Orbax has written the files and before it commits the
+step (runs/checkpoint.py), and every reader checks the files against it before restoring.
 
-A digest is two 32-bit sums over the array's elements taken as unsigned words, each word
-weighted by its position (row-major index i): Σ wᵢ·(2i+1) and Σ fmix32(wᵢ ⊕ i·φ) (fmix32 is
-MurmurHash3's finalizer, φ the golden-ratio constant). Integer addition modulo 2³² is associative
-and commutative, so the value is exact and the same on any backend, mesh, sharding or reduction
-order: a run resumed elastically on other devices checks against the digest of the run that
-saved it. The first sum changes with any single changed word (its weights are odd, so invertible
-modulo 2³²); the second, nonlinear in the word, makes a cancellation between several changes as
-unlikely as a 64-bit collision. It detects damage, not tampering (it is not cryptographic).
-
-Each shard of an array is reduced on its own device, by one small jitted program per shard shape
-and dtype, and the sums are added up on the host (across processes in a multi-host run): no
-array is gathered, and the arrays of a model share a handful of programs.
+The record is of files, not of values, so that taking it costs the save call nothing: it reads the
+files Orbax has just written, in Orbax's background thread, where reading the arrays' values
+would have to happen in the save call, before the next step donates them (docs/experiments.md).
+The same files are read whatever the mesh that restores them, so an elastic resume checks them
+alike. CRC-32 finds any change of up to 32 consecutive bits and misses other damage with
+probability 2⁻³²; it detects damage (a disk, a copy, a sync cut short), not tampering.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from typing import Any
+import zlib
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+from etils import epath
 
-_PHI = 0x9E3779B9
-_MIX1, _MIX2 = 0x85EBCA6B, 0xC2B2AE35
-
-
-def path_name(path) -> str:
-  """A leaf's key path as "params/encoder/layer_0/kernel": from the keys' public fields, so the
-  name does not change with how JAX prints a path."""
-  parts = []
-  for key in path:
-    for field in ("key", "name", "idx"):  # DictKey/FlattenedIndexKey, GetAttrKey, SequenceKey
-      if hasattr(key, field):
-        parts.append(str(getattr(key, field)))
-        break
-    else:
-      parts.append(str(key))
-  return "/".join(parts)
+RECORD = "digest.json"  # in the directory whose files it records
+FORMAT = 2  # format 1 (no longer checked): digests of the arrays' values, in a `digest` item
+_BLOCK = 1 << 24  # bytes read at a time; zlib releases the GIL for each
 
 
-def _words(x: jax.Array) -> jax.Array:
-  """The array's elements as uint32 words (narrower types widened; 64-bit ones as two words on a
-  new last axis)."""
-  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-    x = jax.random.key_data(x)
-  if x.dtype == jnp.bool_:
-    return x.astype(jnp.uint32)
-  size = jnp.dtype(x.dtype).itemsize
-  if size in (4, 8):
-    return jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8 bytes: [..., 2]
-  unsigned = {1: jnp.uint8, 2: jnp.uint16}[size]
-  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+def crc32(path: epath.Path) -> str:
+  """The CRC-32 of a file's bytes, 8 hex digits."""
+  value = 0
+  with path.open("rb") as f:
+    while block := f.read(_BLOCK):
+      value = zlib.crc32(block, value)
+  return f"{value:08x}"
 
 
-def _fmix32(h: jax.Array) -> jax.Array:
-  h = h ^ (h >> 16)
-  h = h * jnp.uint32(_MIX1)
-  h = h ^ (h >> 13)
-  h = h * jnp.uint32(_MIX2)
-  return h ^ (h >> 16)
+def _files(directory: epath.Path, subdirectories: bool) -> list[epath.Path]:
+  """The files under `directory`, sorted (listed a directory at a time: a bucket has no
+  recursive listing that epath offers)."""
+  found, pending = [], [directory]
+  while pending:
+    for path in pending.pop().iterdir():
+      if path.is_dir():
+        pending.append(path)
+      elif path.name != RECORD and not (subdirectories and path.parent == directory):
+        found.append(path)
+  return sorted(found)
 
 
-@jax.jit
-def _shard_sums(x: jax.Array, starts: jax.Array, strides: jax.Array) -> jax.Array:
-  """[2] uint32: the two sums of the module docstring over one shard of an array, whose first
-  element is at `starts` of the whole (its words' shape: `strides` are the whole's)."""
-  words = _words(x)
-  # Row-major index in the whole array of every element of the shard, built per axis (no
-  # reshape, so any shard shape compiles alike).
-  index = jnp.zeros(words.shape, jnp.uint32)
-  for axis in range(words.ndim):
-    position = jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis) + starts[axis]
-    index = index + position * strides[axis]
-  weighted = jnp.sum(words * (index * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)
-  mixed = jnp.sum(_fmix32(words ^ (index * jnp.uint32(_PHI))), dtype=jnp.uint32)
-  return jnp.stack([weighted, mixed])
-
-
-def _partial_sums(x: jax.Array) -> list[jax.Array]:
-  """The sums of this process's shards of `x`, one replica of each (not yet added up).
-
-  Each shard is reduced on its own device by a single-device program: nothing is gathered,
-  and no program depends on how the array is sharded, only on its shards' shapes."""
-  shape = list(x.shape) + ([2] if jnp.dtype(x.dtype).itemsize == 8 else [])
-  strides, stride = [0] * len(shape), 1
-  for axis in reversed(range(len(shape))):
-    strides[axis] = stride % 2**32
-    stride *= shape[axis]
-  strides = np.asarray(strides, np.uint32)
-  sums = []
-  for shard in x.addressable_shards:
-    if shard.replica_id != 0:
-      continue
-    starts = [s.start or 0 for s in shard.index] + [0] * (len(shape) - x.ndim)
-    sums.append(_shard_sums(shard.data, np.asarray(starts, np.uint32), strides))
-  return sums
-
-
-def _describe(x) -> str:
-  return f"{jnp.dtype(x.dtype).name}{list(np.shape(x))}"
-
-
-def tree_digest(tree: Any) -> dict[str, str]:
-  """{leaf path: "dtype[shape]:hex"} for every array of `tree` (e.g. a train state)."""
-  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-  arrays = [x if isinstance(x, jax.Array) else jnp.asarray(x) for _, x in leaves]
-  partial = [_partial_sums(x) for x in arrays]  # dispatched on every device before any wait
-  mask = 2**32 - 1
-  totals = np.zeros((len(arrays), 2), np.uint64)
-  for i, sums in enumerate(partial):
-    for s in sums:
-      totals[i] += np.asarray(s, np.uint64)
-  totals &= mask
-  if jax.process_count() > 1:  # each process holds some shards: add up every process's sums
-    from jax.experimental import multihost_utils
-
-    gathered = multihost_utils.process_allgather(totals.astype(np.uint32))  # [processes, n, 2]
-    totals = np.asarray(gathered, np.uint64).sum(axis=0) & mask
+def record_files(directory, subdirectories: bool = False) -> dict[str, list]:
+  """{path relative to `directory`: [size, crc32]} for every file under `directory` (with
+  `subdirectories`, only those in its subdirectories)."""
+  directory = epath.Path(directory)
   return {
-      path_name(path): f"{_describe(x)}:{int(t[0]):08x}{int(t[1]):08x}"
-      for (path, _), x, t in zip(leaves, arrays, totals)
+      str(p.relative_to(directory)): [p.stat().length, crc32(p)]
+      for p in _files(directory, subdirectories)
   }
 
 
-def json_digest(value: Any) -> str:
-  """SHA-256 of `value` as canonical JSON (the data position a checkpoint saves beside the
-  state)."""
-  text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-  return hashlib.sha256(text.encode()).hexdigest()
+def damaged(directory, files: dict[str, list]) -> list[str]:
+  """The files of `files` (a `record_files` record) missing under `directory` or changed, each
+  as "path (why)"."""
+  directory = epath.Path(directory)
+  bad = []
+  for name, (size, crc) in sorted(files.items()):
+    path = directory / name
+    if not path.is_file():
+      bad.append(f"{name} (missing)")
+    elif path.stat().length != size:
+      bad.append(f"{name} ({path.stat().length} bytes, {size} written)")
+    elif crc32(path) != crc:
+      bad.append(f"{name} (other bytes)")
+  return bad
 
 
-def mismatches(saved: dict[str, str], restored: Any, prefix: str = "") -> tuple[list[str], int]:
-  """(the leaves of `restored` whose digest differs from `saved`, the number not in `saved`).
+def is_record(value) -> bool:
+  """Whether `value` is a format-2 record: {"format": 2, "files": {name: [size, crc]}}."""
+  if not isinstance(value, dict):
+    return False
+  files = value.get("files")
+  return (
+      value.get("format") == FORMAT
+      and isinstance(files, dict)
+      and all(
+          isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
+          for v in files.values()
+      )
+  )
 
-  `prefix` is prepended to `restored`'s paths (a partial restore of the `params` subtree)."""
-  computed = tree_digest(restored)
-  bad, unknown = [], 0
-  for name, value in computed.items():
-    expected = saved.get(prefix + name)
-    if expected is None:
-      unknown += 1
-    elif expected != value:
-      bad.append(prefix + name)
-  return bad, unknown
+
+def write(directory, files: dict[str, list]) -> None:
+  """Writes the record of `files` as `directory/digest.json` (one write of a small file)."""
+  text = json.dumps({"format": FORMAT, "files": files}, sort_keys=True)
+  (epath.Path(directory) / RECORD).write_text(text)

@@ -104,10 +104,12 @@ def abstract_params(model: nn.Module | TransformerConfig, param_sharding) -> Any
 
 def restore_params(workdir: str, step: int, abstract: Any) -> Any:
   """The parameters of checkpoint `step`, and nothing else of it (Orbax partial restore of the
-  `params` subtree of the saved train state: the Adam moments are never read)."""
+  `params` subtree of the saved train state: the Adam moments are never restored, though the
+  digest check reads all of the step's files)."""
   path = os.path.join(os.path.abspath(workdir), "checkpoints", str(step), "state")
   if not os.path.isdir(path):
     raise checkpoint.CheckpointError(f"checkpoint step {step} has no state directory {path}")
+  checkpoint.verify_step(os.path.dirname(os.path.dirname(path)), step)  # before anything is read
   item = {"params": abstract}
   restore_args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding), item)
   try:
@@ -116,14 +118,11 @@ def restore_params(workdir: str, step: int, abstract: Any) -> Any:
           path,
           args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True),
       )
-    saved = checkpoint.read_digest(os.path.dirname(path))
   except Exception as e:
     raise checkpoint.CheckpointError(
         f"the parameters of checkpoint step {step} in {path} cannot be restored: "
         f"{type(e).__name__}: {str(e).strip()[:300]}"
     ) from e
-  where = f"checkpoint step {step} in {os.path.dirname(os.path.dirname(path))}"
-  checkpoint.verify(saved, restored["params"], where, prefix="params/")
   return restored["params"]
 
 
