@@ -224,6 +224,7 @@ def test_quantized_exports_hold_rounded_weights(quantization, vocab_file, tmp_pa
   assert_scores_equal(translator, model_config, rounded, sources, targets)
 
 
+@pytest.mark.slow  # a SentencePiece export: .ci/run runs it after the default suite
 def test_docs_page_example_translates_with_a_sentencepiece_export(tmp_path):
   """A SentencePiece vocabulary (Multi30k's and WMT's kind) exports with its model file, scores
   as the model on its pieces, and the example of docs/export.md translates with it as it is

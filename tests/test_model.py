@@ -301,6 +301,7 @@ def test_embedding_is_scaled_by_sqrt_d_model():
 # ----------------------------------------------------------------------------- precision, modes
 
 
+@pytest.mark.slow  # several compiles: .ci/run runs it after the default suite
 def test_bfloat16_compute_with_float32_params(post_params):
   config = CONFIG.replace(dtype="bfloat16", param_dtype="float32")
   assert config.dtype == jnp.bfloat16

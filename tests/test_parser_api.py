@@ -122,6 +122,7 @@ def _leaves(trees):
   return [t.leaves() for t in trees]
 
 
+@pytest.mark.slow  # a trained parser: .ci/run runs it after the default suite
 def test_the_leaves_are_exactly_the_tokens_given(tiny_parser):
   tokenized = [
       ["Profits", "rose", "(", "sharply", ")", "."],
@@ -146,6 +147,7 @@ def test_the_leaves_are_exactly_the_tokens_given(tiny_parser):
     assert read == tree
 
 
+@pytest.mark.slow  # a trained parser: .ci/run runs it after the default suite
 def test_well_formed_input_gives_the_trees_of_the_bracketed_lines(tiny_parser):
   """Without brackets, a tree's nltk form is its bracketed line read back, as before."""
   sentences = [["Mr.", "Vinken", "is", "expected", "to", "retire", "early", "."], ["Nothing", "."]]
@@ -155,6 +157,7 @@ def test_well_formed_input_gives_the_trees_of_the_bracketed_lines(tiny_parser):
   assert tiny_parser.parse([]) == []
 
 
+@pytest.mark.slow  # a trained parser: .ci/run runs it after the default suite
 def test_a_generator_of_sentences_is_read_once(tiny_parser):
   sentences = [["Prices", "fell", "."], ["Profits", "rose", "."], "It rained."]
   expected = tiny_parser.parse(sentences)
@@ -164,6 +167,7 @@ def test_a_generator_of_sentences_is_read_once(tiny_parser):
   assert tiny_parser.parse([(w for w in s) for s in sentences[:2]]) == expected[:2]
 
 
+@pytest.mark.slow  # a trained parser: .ci/run runs it after the default suite
 def test_many_sentences_are_decoded_in_batches_in_order(tiny_parser):
   """Thousands of sentences at once: decoded batch by batch (rows bounded by eval.batch_tokens),
   each tree over its own sentence's words."""
@@ -175,6 +179,7 @@ def test_many_sentences_are_decoded_in_batches_in_order(tiny_parser):
   assert stats["rows"] / stats["batches"] <= tiny_parser.run.config.eval.batch_tokens, stats
 
 
+@pytest.mark.slow  # a trained parser: .ci/run runs it after the default suite
 def test_a_sentence_at_the_length_limit_parses_and_one_past_it_is_refused(tiny_parser):
   assert tiny_parser.max_words == MAX_LEN - 1
   longest = [f"w{i}" for i in range(tiny_parser.max_words)]
@@ -184,6 +189,7 @@ def test_a_sentence_at_the_length_limit_parses_and_one_past_it_is_refused(tiny_p
     tiny_parser.parse([[*longest, "w"]])
 
 
+@pytest.mark.slow  # a trained parser: .ci/run runs it after the default suite
 def test_an_interrupted_parse_leaves_the_parser_as_it_was(tiny_parser, monkeypatch):
   """Ctrl-C while the second batch is decoded: the KeyboardInterrupt reaches the caller, and the
   same parser then parses as before."""

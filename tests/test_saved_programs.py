@@ -32,7 +32,14 @@ def _predictor(beam_size, name="stock"):
 
 
 @pytest.fixture(
-    scope="module", params=[(1, "stock"), (4, "stock"), (4, "alibi")], ids=lambda p: f"{p}"
+    scope="module",
+    # One search in the default suite; greedy and the variant in .ci/run's slow stage.
+    params=[
+        pytest.param((1, "stock"), marks=pytest.mark.slow),
+        (4, "stock"),
+        pytest.param((4, "alibi"), marks=pytest.mark.slow),
+    ],
+    ids=lambda p: f"{p}",
 )
 def exported(request, tmp_path_factory):
   """(beam size, model name, the plain search's tokens, a cache directory where a first

@@ -395,6 +395,7 @@ def test_a_run_stopped_before_enough_checkpoints_evaluates_its_latest_parameters
   assert results["parameters"] == "average of steps [2, 4, 6]"
 
 
+@pytest.mark.slow  # a training run: .ci/run runs it after the default suite
 def test_final_evaluation_reports_the_training_pairs_loss_with_dropout_off(tmp_path):
   config = tiny_config()
   trainer, dataset = make_trainer(config, devices=jax.devices()[:1])

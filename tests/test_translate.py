@@ -71,6 +71,7 @@ def test_default_checkpoint_is_what_the_final_evaluation_used(trained_run, tmp_p
     inference.load_run(str(workdir), "best")
 
 
+@pytest.mark.slow  # several first calls: .ci/run runs it after the default suite
 def test_decode_lines_keeps_order_empty_lines_and_truncates(trained_run, caplog):
   workdir, _ = trained_run
   run = inference.load_run(str(workdir), "latest", beam_size=1)
@@ -134,6 +135,7 @@ def test_the_final_evaluation_translates_as_translate_does(trained_run, monkeypa
   assert len(calls) == 1  # training's evaluation goes through the same function
 
 
+@pytest.mark.slow  # several first calls: .ci/run runs it after the default suite
 def test_a_sentence_translates_the_same_alone_as_in_a_batch(trained_run):
   """Through the commands' path, greedy and beam (tests/test_beam_search.py shows it on a model
   whose sentences run to their own limits)."""
@@ -171,6 +173,7 @@ def test_beam_stop_is_the_runs_unless_overridden(trained_run):
     inference.load_run(str(workdir), "latest", overrides={"eval.beam_stop": "first"})
 
 
+@pytest.mark.slow  # several first calls: .ci/run runs it after the default suite
 def test_auto_shapes_follow_the_calls_sentences_not_its_batch_rows(trained_run, monkeypatch):
   # decode_sources tells the search how many sentences the whole call has: "auto" decodes a
   # call of 2 sentences (in one batch of many more rows) in "few", a call of 3 in "fast", and

@@ -169,8 +169,12 @@ def test_every_prefix_of_every_gold_tree_is_legal_and_eos_comes_last(closing, wo
 
 
 @pytest.mark.parametrize("order", trees.ORDERS)
-@pytest.mark.parametrize("closing", ["labeled", "bare"])
-@pytest.mark.parametrize("words", [False, True], ids=["tags", "words"])
+# Words and labeled closings in the default suite, the other combinations in .ci/run's slow stage.
+@pytest.mark.parametrize("closing", ["labeled", pytest.param("bare", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "words",
+    [pytest.param(False, marks=pytest.mark.slow, id="tags"), pytest.param(True, id="words")],
+)
 def test_random_walks_match_the_reference_and_restore_without_repair(closing, words, order):
   """Prefixes no gold tree has: legal tokens chosen at random (a kind first, then a token), under
   limits from the tightest the sentence's words allow up: every walk ends within its limit, and

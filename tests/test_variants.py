@@ -110,8 +110,11 @@ def test_the_fused_kernels_were_checked_against_eq1_as_it_reads():
   assert kernels.attention_implementation("auto", **args, platform="gpu") == "cudnn"
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-@pytest.mark.parametrize("beam_size", [1, pytest.param(4, marks=pytest.mark.slow)])  # 4: ~8 s
+# The variant and beam 4 (~8 s each) in .ci/run's slow stage, after the default suite.
+@pytest.mark.parametrize(
+    "name", [n if n == "stock" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS]
+)
+@pytest.mark.parametrize("beam_size", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_a_naive_cache_decodes_the_same_tokens_as_the_searches_own(name, beam_size):
   """The same model, decoded with NaiveCache (full keys and values per row, gathered by parent;
   no slot table, no ring), gives the greedy and beam-4 tokens of kv_cache.SlotCache: what the
