@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from variants import MODELS
+from variants import MODELS, SLOW_VARIANTS
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.decoding import batch_shapes, compilation, decode, search, top_k
@@ -335,9 +335,6 @@ def tiny_model(name="stock"):
   return params, inputs
 
 
-# The paper's model and a variant (variants.py); the variant's slower checks run in .ci/run's
-# slow stage, after the default suite.
-MODEL_NAMES = [n if n == "stock" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS]
 DECODERS = {name: decoder_lib.Decoder(model(CONFIG)) for name, model in MODELS.items()}
 DECODER = DECODERS["stock"]
 PREDICT_GREEDY = decode.Predictor(CONFIG, EXTRA)
@@ -392,7 +389,7 @@ def full_forward_scores(params, inputs, tokens, alpha, name="stock"):
   return (log_p / search.length_penalty(length, alpha)).reshape(batch, m)
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", SLOW_VARIANTS)
 def test_beam_search_equals_exhaustive_search(name):
   # Every sequence of up to n = 4 tokens over {3, 4, 5} ending in EOS (searches never emit PAD or
   # BOS): 1 + 3 + 9 + 27 = 40, scored by the full forward pass. A beam of 320 holds, at the last
@@ -417,7 +414,7 @@ def test_beam_search_equals_exhaustive_search(name):
     np.testing.assert_array_equal(tokens[s, 0], finals[order[0]])  # the optimum
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", SLOW_VARIANTS)
 def test_scores_equal_the_full_forward_pass_and_sentences_are_independent(name):
   params, inputs = tiny_model(name)
   tokens, scores = map(np.asarray, run_beam_search(params, inputs, N, 4, 0.6, name))

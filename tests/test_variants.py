@@ -17,7 +17,7 @@ import pytest
 from test_beam_search import CONFIG, EXTRA, tiny_model
 from test_third_task import ReversalTask
 from test_third_task import _config as reversal_config
-from variants import MODELS, AlibiAttention, NaiveCache, alibi_transformer
+from variants import MODELS, SLOW_VARIANTS, AlibiAttention, NaiveCache, alibi_transformer
 
 from transformer_jax import kernels
 from transformer_jax.decoding import decode, search
@@ -111,9 +111,7 @@ def test_the_fused_kernels_were_checked_against_eq1_as_it_reads():
 
 
 # The variant and beam 4 (~8 s each) in .ci/run's slow stage, after the default suite.
-@pytest.mark.parametrize(
-    "name", [n if n == "stock" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS]
-)
+@pytest.mark.parametrize("name", SLOW_VARIANTS)
 @pytest.mark.parametrize("beam_size", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_a_naive_cache_decodes_the_same_tokens_as_the_searches_own(name, beam_size):
   """The same model, decoded with NaiveCache (full keys and values per row, gathered by parent;

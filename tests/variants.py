@@ -17,6 +17,7 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import pytest
 
 from transformer_jax.model.attention import SEQUENCE, CachedKeys, MultiHeadAttention
 from transformer_jax.model.transformer import Transformer
@@ -42,6 +43,9 @@ def alibi_transformer(config) -> Transformer:
 
 
 MODELS = {"stock": Transformer, "alibi": alibi_transformer}  # config -> model
+# MODELS' names as test parameters: the paper's model in the default suite, the variant in
+# .ci/run's slow stage (where the default suite's time is spent on checks that are slow).
+SLOW_VARIANTS = [n if n == "stock" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS]
 
 
 class RowsKV(NamedTuple):
