@@ -274,7 +274,6 @@ def test_d_k_different_from_d_v_is_refused_naming_the_variant(vocab_file, tmp_pa
     "fields, message",
     [
         (dict(relative_positions=4), "relative_positions=4.*cannot be"),
-        (dict(decoder_relative_positions=4), "decoder_relative_positions=4.*cannot be"),
     ],
 )
 def test_a_model_ctranslate2_has_no_place_for_is_refused(fields, message, vocab_file, tmp_path):

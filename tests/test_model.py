@@ -255,60 +255,10 @@ def test_relative_positions_add_a_clipped_offset_bias_to_the_encoders_logits():
   )
 
 
-def test_decoder_relative_positions_add_a_clipped_distance_bias_to_decoder_self_attention():
-  """decoder_relative_positions K: each decoder self-attention head's logits gain
-  table[min(q - k, K), head], a table per layer, over the keys at or before the query (§3.2.3):
-  layer 0's weights are softmax(Q Kᵀ / √d_k + bias) computed here from the parameters."""
-  k_max = 2
-  config = CONFIG.replace(decoder_relative_positions=k_max)
-  params = random_params(config)
-  for layer in ("layer_0", "layer_1"):
-    assert params["decoder"][layer]["self_attention"]["relative_bias"].shape == (k_max + 1, 4)
-    assert "relative_bias" not in params["decoder"][layer]["cross_attention"]
-    assert "relative_bias" not in params["encoder"][layer]["self_attention"]
-  inputs, decoder_inputs = example()
-  _, state = logits_of(config, params, inputs, decoder_inputs, mutable=["intermediates"])
-  (weights,) = state["intermediates"]["decoder"]["layer_0"]["self_attention"]["attention_weights"]
-
-  from transformer_jax.model.transformer import sinusoidal_positions
-
-  attention = params["decoder"]["layer_0"]["self_attention"]
-  table = np.asarray(attention["relative_bias"])  # [K + 1, h]
-  embedding = np.asarray(params["shared_embedding"]["embedding"], np.float64)
-  y = embedding[decoder_inputs] * np.sqrt(32.0) + sinusoidal_positions(32, 32)[:TARGET_LEN]
-  q = np.einsum("bte,ehd->bthd", y, np.asarray(attention["query"]))  # [b, t, h, d]
-  k = np.einsum("bte,ehd->bthd", y, np.asarray(attention["key"]))
-  logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(8.0)  # [b, h, q, k]
-  distance = np.arange(TARGET_LEN)[:, None] - np.arange(TARGET_LEN)[None, :]  # [q, k]
-  logits = logits + table[np.clip(distance, 0, k_max)].transpose(2, 0, 1)[None]
-  logits = np.where(distance >= 0, logits, -np.inf)  # causal
-  expected = np.exp(logits - logits.max(-1, keepdims=True))
-  expected /= expected.sum(-1, keepdims=True)
-  np.testing.assert_allclose(weights, expected, rtol=1e-4, atol=1e-5)
-
-  # Zero tables are the model without them.
-  def drop_or_zero(zero):
-    def layer(p):
-      attention = {n: v for n, v in p["self_attention"].items() if n != "relative_bias"}
-      if zero:
-        attention["relative_bias"] = p["self_attention"]["relative_bias"] * 0
-      return {**p, "self_attention": attention}
-
-    decoder = {n: layer(v) if n.startswith("layer_") else v for n, v in params["decoder"].items()}
-    return {**params, "decoder": decoder}
-
-  np.testing.assert_allclose(
-      logits_of(config, drop_or_zero(True), inputs, decoder_inputs),
-      logits_of(CONFIG, drop_or_zero(False), inputs, decoder_inputs),
-      atol=1e-5,
-  )
-
-
 @pytest.mark.parametrize(
     "fields, message",
     [
         (dict(relative_positions=-1), "relative_positions=-1 must be >= 0"),
-        (dict(decoder_relative_positions=-1), "decoder_relative_positions=-1 must be >= 0"),
         # An encoder with relative positions alone: measured and not adopted (docs/experiments.md)
         (dict(positional="none", relative_positions=4), "expected 'sinusoidal' or 'learned'"),
     ],

@@ -466,7 +466,6 @@ def test_resume_with_a_different_model_is_refused(tmp_path):
         ("train.label_smoothing", 1.0, "train.label_smoothing"),
         ("model.key_dim", -4, "key_dim=-4"),
         ("model.relative_positions", -2, "relative_positions=-2"),
-        ("model.decoder_relative_positions", -1, "decoder_relative_positions=-1"),
         ("model.positional", "none", "positional='none'; expected 'sinusoidal' or 'learned'"),
     ],
 )

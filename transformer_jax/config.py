@@ -67,9 +67,6 @@ def model_section() -> ml_collections.ConfigDict:
   # K > 0 (a deviation, off by default): the encoder's attention adds a learned bias per head for
   # each key-query offset clipped to [-K, K] (model/config.py TransformerConfig).
   s.relative_positions = 0
-  # K > 0 (a deviation, off by default): decoder self-attention adds a learned bias per head for
-  # each key's distance behind its query, clipped to K.
-  s.decoder_relative_positions = 0
   s.norm_position = "post"
   s.dtype = "float32"
   s.param_dtype = "float32"

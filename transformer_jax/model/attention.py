@@ -142,21 +142,9 @@ class MultiHeadAttention(nn.Module):
 
   def bias(self, query_positions: jax.Array, key_positions: jax.Array | None) -> Any:
     """A term [b | 1, h, q, k] added to the logits, from the positions of queries [b | 1, q] and
-    keys [b | 1, k] (None: cross-attention); none in the paper. A variant overrides it.
-
-    `decoder_relative_positions` K (a deviation, off by default) gives decoder self-attention
-    one: a learned scalar per head and layer for each key's distance behind its query, clipped to
-    K, bias[:, h, q, k] = table[min(q - k, K), h] (Shaw et al. 2018's clipping; later keys are
-    masked). It starts at zero, so an untrained model attends as without it."""
-    clip = self.config.decoder_relative_positions
-    if self.kind != "causal" or not clip:
-      return None
-    init = nn.with_logical_partitioning(nn.initializers.zeros, (None, sharding.HEADS))
-    table = self.param("relative_bias", init, (clip + 1, self.config.num_heads),
-                       self.config.param_dtype)  # [K + 1, h]  # fmt: skip
-    distance = query_positions[:, :, None] - key_positions[:, None, :]  # [b | 1, q, k]
-    distance = jnp.clip(distance, 0, clip)  # rows of the table
-    return jnp.take(table, distance, axis=0).transpose(0, 3, 1, 2)  # [b | 1, h, q, k]
+    keys [b | 1, k] (None: cross-attention); none in the paper. A variant overrides it."""
+    del query_positions, key_positions
+    return None
 
   @nn.compact
   def __call__(

@@ -49,9 +49,6 @@ class TransformerConfig:
   # 0 (the paper): order only through `positional`. K > 0 (a deviation): the encoder's clipped
   # relative positions (transformer.py RelativePositions).
   relative_positions: int = 0
-  # 0 (the paper). K > 0 (a deviation): decoder self-attention adds a learned scalar per head
-  # for each key's distance behind its query, clipped to K (attention.py MultiHeadAttention.bias).
-  decoder_relative_positions: int = 0
   norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in §3.1; "pre": pre-LN
   layer_norm_epsilon: float = 1e-6
   dtype: Any = jnp.float32  # compute dtype; bfloat16 for mixed precision
@@ -89,8 +86,6 @@ class TransformerConfig:
          f"dropout_rate={rates[0]}, attention_dropout_rate={rates[1]}: not in [0, 1)"),
         (self.relative_positions >= 0,
          f"relative_positions={self.relative_positions} must be >= 0"),
-        (self.decoder_relative_positions >= 0,
-         f"decoder_relative_positions={self.decoder_relative_positions} must be >= 0"),
         (self.positional != "sinusoidal" or self.d_model % 2 == 0,
          f"sinusoidal positions need an even d_model, got {self.d_model}"),
     ]  # fmt: skip

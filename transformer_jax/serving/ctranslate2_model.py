@@ -110,12 +110,6 @@ def unsupported_reason(model) -> str | None:
         "bias per head for each clipped key-query offset, which CTranslate2's Transformer has no "
         "place for, so this model cannot be exported to it"
     )
-  if model_config.decoder_relative_positions:
-    return (
-        f"model.decoder_relative_positions={model_config.decoder_relative_positions}: decoder "
-        "self-attention adds a learned bias per head for each clipped distance, which "
-        "CTranslate2's Transformer has no place for, so this model cannot be exported to it"
-    )
   if model_config.head_key_dim != model_config.head_value_dim:
     return (
         f"model.key_dim={model_config.head_key_dim} != model.value_dim="
