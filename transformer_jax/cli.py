@@ -22,10 +22,14 @@ from absl import app, flags
 from transformer_jax.decoding import batch_shapes  # plain Python: --help imports no JAX
 from transformer_jax.errors import UserError
 from transformer_jax.files import check_directory  # noqa: F401 - cli.check_directory for commands
+from transformer_jax.parallel import host_memory
 
 
 def run(main: Callable[[list[str]], object]) -> None:
-  """`absl.app.run(main)`, with a UserError reported as `error: ...` and exit status 1."""
+  """`absl.app.run(main)`, with a UserError reported as `error: ...` and exit status 1; glibc's
+  malloc set to keep the memory XLA's CPU runtime frees (parallel/host_memory.py) before `main`
+  starts JAX's threads."""
+  host_memory.reuse_freed_memory()
 
   def guarded(argv):
     try:
