@@ -46,7 +46,9 @@ PAGES = (100 << 20) // 4096  # a round that maps afresh faults once per 4 KiB pa
 
 
 def _probe(env_update: dict) -> tuple[bool, list[int]]:
-  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | env_update
+  env = {
+      k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "JAX_PLATFORMS")
+  } | env_update
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(
       [sys.executable, "-c", _PROBE], env=env, cwd=repo, capture_output=True, text=True, check=True
@@ -55,14 +57,20 @@ def _probe(env_update: dict) -> tuple[bool, list[int]]:
 
 
 def test_freed_buffers_are_reused_on_every_thread():
-  applied, faults = _probe({})
+  applied, faults = _probe({"JAX_PLATFORMS": "cpu"})
   assert applied
   assert len(faults) == 4 and max(faults) < PAGES // 10, faults
+
+
+def test_left_alone_where_jax_computes_on_an_accelerator():
+  applied, faults = _probe({"JAX_PLATFORMS": "cuda,cpu"})
+  assert not applied
+  assert min(faults) > PAGES // 2, faults
 
 
 def test_glibc_default_maps_afresh_and_the_users_tunables_win():
   # Any glibc.malloc tunable in the environment: reuse_freed_memory leaves malloc as it is, and
   # glibc's default then maps (and faults) the 100 MB again on every round.
-  applied, faults = _probe({"GLIBC_TUNABLES": "glibc.malloc.check=0"})
+  applied, faults = _probe({"JAX_PLATFORMS": "cpu", "GLIBC_TUNABLES": "glibc.malloc.check=0"})
   assert not applied
   assert min(faults) > PAGES // 2, faults

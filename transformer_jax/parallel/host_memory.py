@@ -12,14 +12,18 @@ reuses them: same results (allocation does not change what is computed), less ti
 (docs/experiments.md, 2026-12-04). The price is that the process keeps its peak heap.
 
 Called by `cli.run` before a command's main, so before JAX starts its threads. It does nothing off
-glibc (macOS, musl) and when GLIBC_TUNABLES already sets any `glibc.malloc.*` tunable: the user's
-own malloc settings win, as a flag in XLA_FLAGS wins over the config's (xla_flags.py).
+glibc (macOS, musl), when GLIBC_TUNABLES already sets any `glibc.malloc.*` tunable (the user's own
+malloc settings win, as a flag in XLA_FLAGS wins over the config's: xla_flags.py), and where JAX
+will compute on an accelerator (JAX_PLATFORMS naming another platform first, or a GPU or TPU
+plugin installed): there the step's buffers live on the device, and one arena for every host
+thread (an input pipeline's among them) was not measured.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import pkgutil
 import platform
 
 # mallopt(3) parameters, from glibc's <malloc.h>.
@@ -31,11 +35,26 @@ M_ARENA_MAX = -8
 THRESHOLD_BYTES = 1 << 30
 
 
+# Top-level modules of JAX's accelerator plugins (jax[cuda12], jax[cuda13], jax[rocm], jax[tpu]).
+ACCELERATOR_PLUGIN_PREFIXES = ("jax_cuda", "jax_rocm", "libtpu")
+
+
+def computes_on_cpu() -> bool:
+  """Whether JAX will compute on the CPU, told without importing JAX: JAX_PLATFORMS names the CPU
+  first, or it is unset and no accelerator plugin is installed."""
+  platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+  if platforms:
+    return platforms.split(",")[0].strip() == "cpu"
+  return not any(
+      module.name.startswith(ACCELERATOR_PLUGIN_PREFIXES) for module in pkgutil.iter_modules()
+  )
+
+
 def reuse_freed_memory() -> bool:
   """Sets glibc's malloc to keep freed memory (module docstring); True if it did."""
   if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
     return False
-  if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+  if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") or not computes_on_cpu():
     return False
   mallopt = ctypes.CDLL(None).mallopt  # the process's own libc
   mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
