@@ -10,10 +10,17 @@ Two BLEU scores, on the eval split (`scores`) and the test split (`test_results`
                     dataset's tokenized references (the Multi30k papers' BLEU, bleu.multi30k_bleu):
                     `config.translation.tokenized_{eval,test}_references`, files beside a text
                     source's splits, else the raw references processed the same way.
+
+Token dropout (not in the paper, off by default; Xie et al. 2017's "blank noising"): in each
+training batch a piece of the source (`translation.source_token_dropout`) or of the decoder's
+input (`translation.target_token_dropout`) is read as <unk> with that probability, independently
+per occurrence. EOS, BOS and padding are never replaced, and the targets the loss scores stay the
+true pieces.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -22,6 +29,7 @@ import ml_collections
 
 from transformer_jax import errors
 from transformer_jax.data import pipeline, text
+from transformer_jax.data.tokenizer import UNK_ID
 from transformer_jax.tasks import base, bleu
 
 TEST_TRANSLATIONS = "test_translations.txt"
@@ -46,9 +54,15 @@ class TranslationTask(base.Task):
     # as the hypotheses are (bleu.lc_norm_tok), and results.json says so.
     s.tokenized_eval_references = ""
     s.tokenized_test_references = ""
+    # Token dropout (module docstring): probabilities in [0, 1); 0 = off, the paper's.
+    s.source_token_dropout = 0.0
+    s.target_token_dropout = 0.0
     return s
 
   def validate(self, config, check):
+    for key in ("source_token_dropout", "target_token_dropout"):
+      rate = config.translation[key]
+      check(0.0 <= rate < 1.0, f"translation.{key}", "must be in [0, 1)")
     # A tokenized reference file of the wrong length fails here, not after training.
     for key in _SPLIT_NAMES:
       field = f"translation.tokenized_{key}_references"
@@ -70,6 +84,14 @@ class TranslationTask(base.Task):
 
   def load_dataset(self, config, workdir, splits):
     return pipeline.load_corpus(config, workdir, splits)
+
+  def batch_transform(self, config, tokenizer):
+    rates = {
+        "inputs": config.translation.source_token_dropout,
+        "decoder_inputs": config.translation.target_token_dropout,
+    }
+    rates = {key: rate for key, rate in rates.items() if rate}
+    return functools.partial(drop_tokens, rates=rates) if rates else None
 
   def scores(self, config, hypotheses, pairs):
     """Cased sacreBLEU (`bleu`, the metric) and its `length_ratio`, and `bleu_lc_norm_tok`
@@ -108,6 +130,20 @@ class TranslationTask(base.Task):
         "test_tokenized_bleu": float(tokenized.score),
         "test_tokenized_bleu_lowercase": float(tokenized_lowercase.score),
     }
+
+
+def drop_tokens(batch: dict, rng, rates: dict[str, float]) -> dict:
+  """Token dropout (module docstring): each piece of `batch[key]` that is not a reserved id
+  (PAD, EOS, BOS, UNK) becomes UNK_ID with probability `rates[key]`, independently."""
+  import jax
+  import jax.numpy as jnp
+
+  out = dict(batch)
+  for index, (key, rate) in enumerate(sorted(rates.items())):
+    ids = batch[key]  # [b, L]
+    dropped = jax.random.bernoulli(jax.random.fold_in(rng, index), rate, ids.shape)  # [b, L]
+    out[key] = jnp.where(dropped & (ids > UNK_ID), UNK_ID, ids)  # [b, L]
+  return out
 
 
 def tokenized_references(
