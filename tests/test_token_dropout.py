@@ -64,11 +64,18 @@ def test_the_task_drops_only_the_sides_asked_for():
   out = transform(batch, jax.random.PRNGKey(3))
   assert (np.asarray(out["inputs"]) != batch["inputs"]).any()
   np.testing.assert_array_equal(out["decoder_inputs"], batch["decoder_inputs"])
+  source_only = out["inputs"]
   config.translation.source_token_dropout = 0.0
   config.translation.target_token_dropout = 0.2
   out = translation.TASK.batch_transform(config, None)(batch, jax.random.PRNGKey(3))
   np.testing.assert_array_equal(out["inputs"], batch["inputs"])
   assert (np.asarray(out["decoder_inputs"]) != batch["decoder_inputs"]).any()
+  target_only = out["decoder_inputs"]
+  # Each side's pieces are dropped alike whether or not the other side's are.
+  config.translation.source_token_dropout = 0.2
+  both = translation.TASK.batch_transform(config, None)(batch, jax.random.PRNGKey(3))
+  np.testing.assert_array_equal(both["inputs"], source_only)
+  np.testing.assert_array_equal(both["decoder_inputs"], target_only)
 
 
 @pytest.mark.parametrize("key", ["source_token_dropout", "target_token_dropout"])

@@ -132,6 +132,9 @@ class TranslationTask(base.Task):
     }
 
 
+_DROP_STREAMS = {"decoder_inputs": 0, "inputs": 1}
+
+
 def drop_tokens(batch: dict, rng, rates: dict[str, float]) -> dict:
   """Token dropout (module docstring): each piece of `batch[key]` that is not a reserved id
   (PAD, EOS, BOS, UNK) becomes UNK_ID with probability `rates[key]`, independently."""
@@ -139,9 +142,11 @@ def drop_tokens(batch: dict, rng, rates: dict[str, float]) -> dict:
   import jax.numpy as jnp
 
   out = dict(batch)
-  for index, (key, rate) in enumerate(sorted(rates.items())):
+  for key, rate in rates.items():
     ids = batch[key]  # [b, L]
-    dropped = jax.random.bernoulli(jax.random.fold_in(rng, index), rate, ids.shape)  # [b, L]
+    # A stream per side: a side's pieces dropped do not depend on whether the other side's are.
+    stream = jax.random.fold_in(rng, _DROP_STREAMS[key])
+    dropped = jax.random.bernoulli(stream, rate, ids.shape)  # [b, L]
     out[key] = jnp.where(dropped & (ids > UNK_ID), UNK_ID, ids)  # [b, L]
   return out
 
