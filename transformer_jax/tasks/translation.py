@@ -35,6 +35,10 @@ from transformer_jax.tasks import base, bleu
 TEST_TRANSLATIONS = "test_translations.txt"
 MADE_FROM_RAW = "made from raw"  # results.json: no tokenized references file was read
 
+# Token dropout: the batch key of each side -> its config.translation key. A side's random stream
+# is its place here, so a side's pieces dropped do not depend on whether the other side's are.
+TOKEN_DROPOUT = {"decoder_inputs": "target_token_dropout", "inputs": "source_token_dropout"}
+
 # The split key of `scores` ("eval") and `test_results` ("test") -> its config.data split name.
 _SPLIT_NAMES = {"eval": "eval_split", "test": "test_split"}
 
@@ -60,7 +64,7 @@ class TranslationTask(base.Task):
     return s
 
   def validate(self, config, check):
-    for key in ("source_token_dropout", "target_token_dropout"):
+    for key in TOKEN_DROPOUT.values():
       rate = config.translation[key]
       check(0.0 <= rate < 1.0, f"translation.{key}", "must be in [0, 1)")
     # A tokenized reference file of the wrong length fails here, not after training.
@@ -86,11 +90,8 @@ class TranslationTask(base.Task):
     return pipeline.load_corpus(config, workdir, splits)
 
   def batch_transform(self, config, tokenizer):
-    rates = {
-        "inputs": config.translation.source_token_dropout,
-        "decoder_inputs": config.translation.target_token_dropout,
-    }
-    rates = {key: rate for key, rate in rates.items() if rate}
+    rates = {side: config.translation[key] for side, key in TOKEN_DROPOUT.items()}
+    rates = {side: rate for side, rate in rates.items() if rate}
     return functools.partial(drop_tokens, rates=rates) if rates else None
 
   def scores(self, config, hypotheses, pairs):
@@ -132,9 +133,6 @@ class TranslationTask(base.Task):
     }
 
 
-_DROP_STREAMS = {"decoder_inputs": 0, "inputs": 1}
-
-
 def drop_tokens(batch: dict, rng, rates: dict[str, float]) -> dict:
   """Token dropout (module docstring): each piece of `batch[key]` that is not a reserved id
   (PAD, EOS, BOS, UNK) becomes UNK_ID with probability `rates[key]`, independently."""
@@ -144,8 +142,7 @@ def drop_tokens(batch: dict, rng, rates: dict[str, float]) -> dict:
   out = dict(batch)
   for key, rate in rates.items():
     ids = batch[key]  # [b, L]
-    # A stream per side: a side's pieces dropped do not depend on whether the other side's are.
-    stream = jax.random.fold_in(rng, _DROP_STREAMS[key])
+    stream = jax.random.fold_in(rng, list(TOKEN_DROPOUT).index(key))
     dropped = jax.random.bernoulli(stream, rate, ids.shape)  # [b, L]
     out[key] = jnp.where(dropped & (ids > UNK_ID), UNK_ID, ids)  # [b, L]
   return out
