@@ -8,13 +8,14 @@ clock: every 500 updates the mean of the last 5 checkpoints is scored on the who
 and the best is evaluated at the end (train.select_on_validation, not in the paper; patience 4),
 so more updates never choose a worse model on validation.
 
-Expected (two runs on two CPUs, docs/results.md): test2016 sacreBLEU 39.7-40.3, 40.1-40.8 as the
-Multi30k papers score it (`test_bleu_lc_norm_tok`: lowercased, normalized, Moses-tokenized against
-the dataset's tok/ references; Wu et al. 2021's text-only Transformer-Tiny: 41.02). Hardware and
-time: 2 CPU cores, 58 minutes on a 2-vCPU AMD EPYC VM with AVX-512 (1.16 updates/s with the
-validation choices). Variant `:tiny`: Wu et al. 2021's Transformer-Tiny recipe on the same data,
-for comparison. Data: ../shared/data/multi30k or --config.data.path=DIR (Multi30k: non-commercial
-research only).
+Expected (four runs: seeds 0-2 on one CPU, seed 0 on another; docs/results.md): test2016
+sacreBLEU 38.8-40.3, 39.3-40.8 as the Multi30k papers score it (median of the three seeds: 39.0 and
+39.4; `test_bleu_lc_norm_tok`: lowercased, normalized, Moses-tokenized against the dataset's tok/
+references; Wu et al. 2021's text-only Transformer-Tiny: 41.02). Hardware and time: 2 CPU cores,
+58 minutes on a 2-vCPU AMD EPYC VM with AVX-512 (1.16 updates/s with the validation choices),
+~30 minutes on a newer EPYC (2.2 updates/s). Variant `:tiny`: Wu et al. 2021's Transformer-Tiny
+recipe on the same data, for comparison. Data: ../shared/data/multi30k or --config.data.path=DIR
+(Multi30k: non-commercial research only).
 
   python train.py --config configs/multi30k.py --workdir /tmp/multi30k
   python train.py --config configs/multi30k.py:tiny --workdir /tmp/multi30k_tiny
