@@ -16,6 +16,14 @@ training batch a piece of the source (`translation.source_token_dropout`) or of 
 input (`translation.target_token_dropout`) is read as <unk> with that probability, independently
 per occurrence. EOS, BOS and padding are never replaced, and the targets the loss scores stay the
 true pieces.
+
+R-Drop (not in the paper, off by default; Liang et al. 2021): with `translation.rdrop_alpha` = α
+> 0 each training batch is run twice, its rows stacked on themselves, so each pair gets two
+dropout masks and two output distributions P1 and P2 per target token. The loss is the
+label-smoothed cross entropy of both copies plus α times their symmetric KL divergence
+½ (KL(P1 || P2) + KL(P2 || P1)) summed over the pair's target tokens, all divided by the tokens
+of both copies (Liang et al.'s Eq. 3, in fairseq's normalization). An update costs about twice the
+compute; evaluation is unchanged.
 """
 
 from __future__ import annotations
@@ -42,6 +50,12 @@ TOKEN_DROPOUT = {"decoder_inputs": "target_token_dropout", "inputs": "source_tok
 # The split key of `scores` ("eval") and `test_results` ("test") -> its config.data split name.
 _SPLIT_NAMES = {"eval": "eval_split", "test": "test_split"}
 
+# R-Drop: the key a doubled training batch carries (0 for a row of the first copy, 1 for the
+# second), so the loss tells it from an evaluation batch. The copies are stacked, not
+# interleaved: a micro-batch of gradient accumulation (rows k, k + A, ...) then holds both copies
+# of each of its pairs, its first half against its second.
+RDROP_COPY = "rdrop_copy"
+
 
 class TranslationTask(base.Task):
   name = "translation"
@@ -61,12 +75,22 @@ class TranslationTask(base.Task):
     # Token dropout (module docstring): probabilities in [0, 1); 0 = off, the paper's.
     s.source_token_dropout = 0.0
     s.target_token_dropout = 0.0
+    # R-Drop's α (module docstring): 0 = off, the paper's; each update costs ~2x with it on.
+    s.rdrop_alpha = 0.0
     return s
 
   def validate(self, config, check):
     for key in TOKEN_DROPOUT.values():
       rate = config.translation[key]
       check(0.0 <= rate < 1.0, f"translation.{key}", "must be in [0, 1)")
+    alpha = config.translation.rdrop_alpha
+    check(alpha >= 0.0, "translation.rdrop_alpha", "must be >= 0 (0: off)")
+    if alpha > 0.0:
+      check(
+          config.model.dropout_rate > 0.0 or config.model.attention_dropout_rate > 0.0,
+          "translation.rdrop_alpha",
+          "compares two dropout masks: set model.dropout_rate or model.attention_dropout_rate",
+      )
     # A tokenized reference file of the wrong length fails here, not after training.
     for key in _SPLIT_NAMES:
       field = f"translation.tokenized_{key}_references"
@@ -92,7 +116,21 @@ class TranslationTask(base.Task):
   def batch_transform(self, config, tokenizer):
     rates = {side: config.translation[key] for side, key in TOKEN_DROPOUT.items()}
     rates = {side: rate for side, rate in rates.items() if rate}
-    return functools.partial(drop_tokens, rates=rates) if rates else None
+    drop = functools.partial(drop_tokens, rates=rates) if rates else None
+    if not config.translation.rdrop_alpha:
+      return drop
+    if drop is None:
+      return lambda batch, rng: double_batch(batch)
+    return lambda batch, rng: double_batch(drop(batch, rng))
+
+  def loss(self, config, tokenizer):
+    if not config.translation.rdrop_alpha:
+      return super().loss(config, tokenizer)
+    return functools.partial(
+        rdrop_loss,
+        label_smoothing=config.train.label_smoothing,
+        alpha=config.translation.rdrop_alpha,
+    )
 
   def scores(self, config, hypotheses, pairs):
     """Cased sacreBLEU (`bleu`, the metric) and its `length_ratio`, and `bleu_lc_norm_tok`
@@ -146,6 +184,39 @@ def drop_tokens(batch: dict, rng, rates: dict[str, float]) -> dict:
     dropped = jax.random.bernoulli(stream, rate, ids.shape)  # [b, L]
     out[key] = jnp.where(dropped & (ids > UNK_ID), UNK_ID, ids)  # [b, L]
   return out
+
+
+def double_batch(batch: dict) -> dict:
+  """R-Drop (module docstring): every array of `batch` stacked on itself, [b, ...] -> [2b, ...],
+  and RDROP_COPY saying which copy a row is."""
+  import jax.numpy as jnp
+
+  out = {key: jnp.concatenate([value, value], axis=0) for key, value in batch.items()}
+  rows = next(iter(batch.values())).shape[0]
+  out[RDROP_COPY] = jnp.repeat(jnp.arange(2, dtype=jnp.int32), rows)  # [2b]
+  return out
+
+
+def rdrop_loss(logits, batch: dict, label_smoothing: float, alpha: float):
+  """The task's loss with R-Drop (module docstring): §5.4's label-smoothed cross entropy of the
+  logits [2b, t, v] of a doubled batch plus α ½ Σ (KL(P1 || P2) + KL(P2 || P1)) over the first
+  copy's target tokens; on a batch that is not doubled (evaluation), the cross entropy alone."""
+  import jax
+  import jax.numpy as jnp
+
+  from transformer_jax.model.config import PAD_ID
+  from transformer_jax.training import losses
+
+  loss_sum, metrics = losses.sequence_loss(logits, batch, label_smoothing)
+  if RDROP_COPY not in batch:
+    return loss_sum, metrics
+  rows = logits.shape[0] // 2
+  log_p = jax.nn.log_softmax(logits[:rows].astype(jnp.float32), axis=-1)  # [b, t, v]
+  log_q = jax.nn.log_softmax(logits[rows:].astype(jnp.float32), axis=-1)  # [b, t, v]
+  # ½ (KL(p || q) + KL(q || p)) = ½ Σ_v (p_v - q_v)(log p_v - log q_v)
+  symmetric_kl = 0.5 * jnp.sum((jnp.exp(log_p) - jnp.exp(log_q)) * (log_p - log_q), axis=-1)
+  weights = (batch["targets"][:rows] != PAD_ID).astype(jnp.float32)  # [b, t]
+  return loss_sum + alpha * jnp.sum(symmetric_kl * weights), metrics
 
 
 def tokenized_references(
