@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_train import fixed_batch
 from testing import tiny_train_config
 
 from transformer_jax import config as config_lib
-from transformer_jax.data import batching, pipeline
+from transformer_jax.data import pipeline
 from transformer_jax.model.config import PAD_ID
 from transformer_jax.tasks import translation
 from transformer_jax.training import losses, train
@@ -85,14 +86,7 @@ def _trainer(alpha, **translation_overrides):
   trainer = train.Trainer.for_task(
       config, translation.TASK, dataset.tokenizer, devices=jax.devices()[:1]
   )
-  batch = next(
-      batching.BatchIterator(
-          dataset.splits["train"].examples,
-          seed=0,
-          bucket_lengths=dataset.bucket_lengths(config.data),
-          batch_size=8,
-      )
-  )
+  batch = fixed_batch(dataset, config, rows=8)
   return config, trainer, batch
 
 
@@ -171,14 +165,7 @@ def test_each_row_meets_its_own_copy_when_sharded_and_accumulated(devices, accum
 
   plain, dataset, config = trainer(0.0)
   rdrop, _, _ = trainer(5.0)
-  batch = next(
-      batching.BatchIterator(
-          dataset.splits["train"].examples,
-          seed=0,
-          bucket_lengths=dataset.bucket_lengths(config.data),
-          batch_size=16,
-      )
-  )
+  batch = fixed_batch(dataset, config, rows=16)
   s_plain, s_rdrop = plain.init_state(0), rdrop.init_state(0)
   for _ in range(2):
     s_plain, m_plain = plain.train_step(s_plain, batch, jax.random.PRNGKey(0))
