@@ -22,7 +22,7 @@ R-Drop (not in the paper, off by default; Liang et al. 2021): with `translation.
 dropout masks and two output distributions P1 and P2 per target token. The loss is the
 label-smoothed cross entropy of both copies plus α times their symmetric KL divergence
 ½ (KL(P1 || P2) + KL(P2 || P1)) summed over the pair's target tokens, all divided by the tokens
-of both copies (Liang et al.'s Eq. 3, in fairseq's normalization). An update costs about twice the
+of both copies (Liang et al.'s Eq. 3, in fairseq's normalization). An update costs 2-3x the
 compute; evaluation is unchanged.
 """
 
@@ -75,7 +75,7 @@ class TranslationTask(base.Task):
     # Token dropout (module docstring): probabilities in [0, 1); 0 = off, the paper's.
     s.source_token_dropout = 0.0
     s.target_token_dropout = 0.0
-    # R-Drop's α (module docstring): 0 = off, the paper's; each update costs ~2x with it on.
+    # R-Drop's α (module docstring): 0 = off, the paper's; each update costs 2-3x with it on.
     s.rdrop_alpha = 0.0
     return s
 
