@@ -119,9 +119,7 @@ class TranslationTask(base.Task):
     drop = functools.partial(drop_tokens, rates=rates) if rates else None
     if not config.translation.rdrop_alpha:
       return drop
-    if drop is None:
-      return lambda batch, rng: double_batch(batch)
-    return lambda batch, rng: double_batch(drop(batch, rng))
+    return lambda batch, rng: double_batch(drop(batch, rng) if drop else batch)
 
   def loss(self, config, tokenizer):
     if not config.translation.rdrop_alpha:
