@@ -261,12 +261,7 @@ def main(argv):
 
     breakdown = {}
     if _BREAKDOWN.value:
-      loss = functools.partial(
-          train.loss_and_metrics,
-          model=trainer.train_model,
-          loss=trainer.loss,
-          forward=trainer.forward,
-      )
+      loss = functools.partial(train.loss_and_metrics, model=trainer.train_model, loss=trainer.loss)
       params = holder["state"].params
       rngs = {"dropout": rng}
       forward = jax.jit(lambda p, b: loss(p, b, rngs=rngs)[0])

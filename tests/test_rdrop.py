@@ -119,79 +119,6 @@ def test_a_train_step_sees_two_dropout_masks_of_each_pair():
   assert translation.TASK.loss(config, None).func is losses.sequence_loss
 
 
-def test_a_fixed_second_pass_adds_alpha_times_the_kl_and_takes_no_gradient_through_it():
-  logits, batch, targets = _doubled_logits_and_batch(seed=2)
-  rows = targets.shape[0]
-  first, second = jnp.asarray(logits[:rows]), jnp.asarray(logits[rows:])
-  single = {"targets": targets}
-  alpha, smoothing = 5.0, 0.1
-
-  def loss(pair):
-    return translation.rdrop_loss(pair, single, smoothing, alpha)[0]
-
-  cross_entropy, metrics = losses.sequence_loss(first, single, smoothing)
-  p = np.exp(_log_softmax(logits[:rows].astype(np.float64)))  # [b, t, v]
-  q = np.exp(_log_softmax(logits[rows:].astype(np.float64)))  # [b, t, v]
-  kl = 0.5 * ((p * np.log(p / q)).sum(-1) + (q * np.log(q / p)).sum(-1))  # [b, t]
-  mask = targets != PAD_ID
-  expected = float(cross_entropy) + alpha * float((kl * mask).sum())
-  np.testing.assert_allclose(float(loss((first, second))), expected, rtol=1e-5)
-  # The pair's own tokens, once: the first pass's cross entropy and metrics.
-  _, pair_metrics = translation.rdrop_loss((first, second), single, smoothing, alpha)
-  assert float(pair_metrics["weight_sum"]) == mask.sum()
-  np.testing.assert_allclose(float(pair_metrics["nll_sum"]), float(metrics["nll_sum"]), 1e-6)
-  # d/dz_v of ½ Σ (p - q)(log p - log q) with q fixed: ½ (p_v - q_v + p_v (d_v - Σ_u p_u d_u)),
-  # d = log p - log q; padding contributes nothing.
-  d = np.log(p / q)
-  kl_grad = 0.5 * (p - q + p * (d - (p * d).sum(-1, keepdims=True))) * mask[..., None]
-  ce_grad = jax.grad(lambda z: losses.sequence_loss(z, single, smoothing)[0])(first)
-  grad_first, grad_second = jax.grad(loss)((first, second))
-  np.testing.assert_allclose(grad_first, ce_grad + alpha * kl_grad, rtol=1e-4, atol=1e-6)
-  np.testing.assert_array_equal(grad_second, 0.0)
-
-
-def _count_dots(fn, *args) -> int:
-  return str(jax.make_jaxpr(fn)(*args)).count("dot_general")
-
-
-def test_a_fixed_second_pass_is_the_two_passes_gradient_from_one_backward_pass():
-  config, trainer, batch = _trainer(5.0, rdrop_stop_gradient=True)
-  assert translation.TASK.batch_transform(config, None) is None  # the batch is not doubled
-  params = trainer.init_state(0).params
-  rngs = {"dropout": jax.random.PRNGKey(3)}
-  model_kwargs = {k: batch[k] for k in ("inputs", "decoder_inputs")}
-
-  def apply(p, r):
-    return trainer.train_model.apply({"params": p}, **model_kwargs, rngs=r)
-
-  second_rngs = {"dropout": jax.random.fold_in(rngs["dropout"], 1)}
-  fixed = np.asarray(apply(params, second_rngs))  # [b, t, v]
-  assert not np.allclose(apply(params, rngs), fixed)  # another dropout mask
-
-  def explicit(p):
-    return translation.rdrop_loss((apply(p, rngs), jnp.asarray(fixed)), batch, 0.1, 5.0)
-
-  def trained(p):
-    return train.loss_and_metrics(
-        p, batch, model=trainer.train_model, loss=trainer.loss, rngs=rngs, forward=trainer.forward
-    )
-
-  expected = jax.jit(jax.grad(explicit, has_aux=True))(params)
-  got = jax.jit(jax.grad(trained, has_aux=True))(params)
-  for a, b in zip(jax.tree.leaves(expected[0]), jax.tree.leaves(got[0])):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
-  # The second pass is a forward pass only: the backward pass's matmuls are the first pass's.
-  plain = functools.partial(train.loss_and_metrics, model=trainer.train_model, rngs=rngs)
-  plain = functools.partial(plain, loss=translation.TASK.loss(config, None))
-  forward_dots = _count_dots(lambda p: plain(p, batch)[0], params)
-  plain_dots = _count_dots(jax.grad(lambda p: plain(p, batch)[0]), params)
-  assert forward_dots > 0 and plain_dots >= 3 * forward_dots
-  assert _count_dots(jax.grad(lambda p: trained(p)[0]), params) == plain_dots + forward_dots
-  _, metrics = trainer.train_step(trainer.init_state(0), batch, jax.random.PRNGKey(2))
-  assert float(metrics["weight_sum"]) == int((batch["targets"] != PAD_ID).sum())
-  assert np.isfinite(float(metrics["loss_sum"]))
-
-
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -212,13 +139,6 @@ def test_a_wrong_alpha_is_a_config_error_naming_the_key(overrides, message):
     section, name = key.split(".")
     config[section][name] = value
   with pytest.raises(config_lib.ConfigError, match=f"translation.rdrop_alpha.*{message}"):
-    config_lib.validate(config)
-
-
-def test_a_fixed_second_pass_without_alpha_is_a_config_error():
-  config = config_lib.default_config()
-  config.translation.rdrop_stop_gradient = True
-  with pytest.raises(config_lib.ConfigError, match="translation.rdrop_stop_gradient.*rdrop_alpha"):
     config_lib.validate(config)
 
 

@@ -63,14 +63,6 @@ class Task:
     train step with its own random stream (None: batches as they are)."""
     return None
 
-  def forward(
-      self, config: ml_collections.ConfigDict, tokenizer: Tokenizer
-  ) -> Callable[[Callable, Any, dict, dict], Any] | None:
-    """`forward(apply, params, batch, rngs) -> outputs`: what the training loss reads, traced into
-    the train step, where `apply(params, batch, rngs)` applies the model once (None: `apply`
-    once). Evaluation always applies the model once."""
-    return None
-
   def build_model(self, config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Any:
     """The run's model: a Flax module whose `config` is its TransformerConfig (modes by
     `model.clone(config=model.config.replace(deterministic=True))`), initialized from

@@ -23,13 +23,7 @@ dropout masks and two output distributions P1 and P2 per target token. The loss 
 label-smoothed cross entropy of both copies plus α times their symmetric KL divergence
 ½ (KL(P1 || P2) + KL(P2 || P1)) summed over the pair's target tokens, all divided by the tokens
 of both copies (Liang et al.'s Eq. 3, in fairseq's normalization). An update costs 2-3x the
-compute; evaluation is unchanged. With `translation.rdrop_stop_gradient` the second pass is a
-forward pass only (`rdrop_forward`): its distribution P2 is the KL's fixed target, the loss the
-cross entropy of the first pass plus α ½ (KL(P1 || P2) + KL(P2 || P1)) divided by the pair's
-tokens, and no gradient is taken through P2. The two masks are exchangeable, so in expectation
-over them the KL term's gradient is the doubled batch's (whose gradient through P2 equals, in
-expectation, that through P1, and whose α is halved by dividing by both copies' tokens), from one
-backward pass: an update costs about 1.4x the paper's.
+compute; evaluation is unchanged.
 """
 
 from __future__ import annotations
@@ -83,8 +77,6 @@ class TranslationTask(base.Task):
     s.target_token_dropout = 0.0
     # R-Drop's α (module docstring): 0 = off, the paper's; each update costs 2-3x with it on.
     s.rdrop_alpha = 0.0
-    # R-Drop's second pass without its gradient (module docstring): ~1.4x an update, not 2-3x.
-    s.rdrop_stop_gradient = False
     return s
 
   def validate(self, config, check):
@@ -99,11 +91,6 @@ class TranslationTask(base.Task):
           "translation.rdrop_alpha",
           "compares two dropout masks: set model.dropout_rate or model.attention_dropout_rate",
       )
-    check(
-        alpha > 0.0 or not config.translation.rdrop_stop_gradient,
-        "translation.rdrop_stop_gradient",
-        "changes R-Drop's second pass: set translation.rdrop_alpha > 0 too, or leave it False",
-    )
     # A tokenized reference file of the wrong length fails here, not after training.
     for key in _SPLIT_NAMES:
       field = f"translation.tokenized_{key}_references"
@@ -130,14 +117,9 @@ class TranslationTask(base.Task):
     rates = {side: config.translation[key] for side, key in TOKEN_DROPOUT.items()}
     rates = {side: rate for side, rate in rates.items() if rate}
     drop = functools.partial(drop_tokens, rates=rates) if rates else None
-    if not config.translation.rdrop_alpha or config.translation.rdrop_stop_gradient:
+    if not config.translation.rdrop_alpha:
       return drop
     return lambda batch, rng: double_batch(drop(batch, rng) if drop else batch)
-
-  def forward(self, config, tokenizer):
-    if config.translation.rdrop_alpha and config.translation.rdrop_stop_gradient:
-      return rdrop_forward
-    return None
 
   def loss(self, config, tokenizer):
     if not config.translation.rdrop_alpha:
@@ -213,53 +195,26 @@ def double_batch(batch: dict) -> dict:
   return out
 
 
-def rdrop_forward(apply, params, batch: dict, rngs: dict):
-  """R-Drop's two passes with a fixed second one (module docstring; tasks/base.py
-  `Task.forward`): (the logits [b, t, v] of `batch`, those of another dropout mask, computed from
-  the parameters as constants, so the backward pass leaves them out)."""
-  import jax
-
-  first = apply(params, batch, rngs)
-  second_rngs = {name: jax.random.fold_in(rng, 1) for name, rng in rngs.items()}
-  return first, apply(jax.lax.stop_gradient(params), batch, second_rngs)
-
-
-def symmetric_kl(logits_p, logits_q):
-  """½ (KL(P || Q) + KL(Q || P)) per position [b, t] of the distributions of two logits
-  [b, t, v]."""
-  import jax
-  import jax.numpy as jnp
-
-  log_p = jax.nn.log_softmax(logits_p.astype(jnp.float32), axis=-1)  # [b, t, v]
-  log_q = jax.nn.log_softmax(logits_q.astype(jnp.float32), axis=-1)  # [b, t, v]
-  # ½ (KL(p || q) + KL(q || p)) = ½ Σ_v (p_v - q_v)(log p_v - log q_v)
-  return 0.5 * jnp.sum((jnp.exp(log_p) - jnp.exp(log_q)) * (log_p - log_q), axis=-1)
-
-
-def rdrop_loss(outputs, batch: dict, label_smoothing: float, alpha: float):
+def rdrop_loss(logits, batch: dict, label_smoothing: float, alpha: float):
   """The task's loss with R-Drop (module docstring): §5.4's label-smoothed cross entropy of the
   logits [2b, t, v] of a doubled batch plus α ½ Σ (KL(P1 || P2) + KL(P2 || P1)) over the first
-  copy's target tokens; of `rdrop_forward`'s pair, the first's cross entropy plus the same term
-  against the fixed second; on a batch that is not doubled (evaluation), the cross entropy
-  alone."""
+  copy's target tokens; on a batch that is not doubled (evaluation), the cross entropy alone."""
   import jax
   import jax.numpy as jnp
 
   from transformer_jax.model.config import PAD_ID
   from transformer_jax.training import losses
 
-  if isinstance(outputs, tuple):
-    logits, fixed = outputs[0], jax.lax.stop_gradient(outputs[1])
-    loss_sum, metrics = losses.sequence_loss(logits, batch, label_smoothing)
-    weights = (batch["targets"] != PAD_ID).astype(jnp.float32)  # [b, t]
-    return loss_sum + alpha * jnp.sum(symmetric_kl(logits, fixed) * weights), metrics
-  loss_sum, metrics = losses.sequence_loss(outputs, batch, label_smoothing)
+  loss_sum, metrics = losses.sequence_loss(logits, batch, label_smoothing)
   if RDROP_COPY not in batch:
     return loss_sum, metrics
-  rows = outputs.shape[0] // 2
+  rows = logits.shape[0] // 2
+  log_p = jax.nn.log_softmax(logits[:rows].astype(jnp.float32), axis=-1)  # [b, t, v]
+  log_q = jax.nn.log_softmax(logits[rows:].astype(jnp.float32), axis=-1)  # [b, t, v]
+  # ½ (KL(p || q) + KL(q || p)) = ½ Σ_v (p_v - q_v)(log p_v - log q_v)
+  symmetric_kl = 0.5 * jnp.sum((jnp.exp(log_p) - jnp.exp(log_q)) * (log_p - log_q), axis=-1)
   weights = (batch["targets"][:rows] != PAD_ID).astype(jnp.float32)  # [b, t]
-  kl = symmetric_kl(outputs[:rows], outputs[rows:])  # [b, t]
-  return loss_sum + alpha * jnp.sum(kl * weights), metrics
+  return loss_sum + alpha * jnp.sum(symmetric_kl * weights), metrics
 
 
 def tokenized_references(

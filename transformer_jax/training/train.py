@@ -69,17 +69,10 @@ def _model_kwargs(batch: dict) -> dict:
   return {k: batch[k] for k in MODEL_KEYS if k in batch}
 
 
-def loss_and_metrics(params, batch, *, model: nn.Module, loss: Loss, rngs=None, forward=None):
+def loss_and_metrics(params, batch, *, model: nn.Module, loss: Loss, rngs=None):
   """`loss(outputs, batch)`: the summed loss and metric sums of the model's outputs on `batch`
-  (the task's loss, tasks/base.py `Task.loss`; the paper's by default), the outputs those of
-  `forward(apply, params, batch, rngs)` (the task's, `Task.forward`) or of one `apply`."""
-
-  def apply(params, batch, rngs):
-    return model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs)
-
-  if forward is None:
-    return loss(apply(params, batch, rngs), batch)
-  return loss(forward(apply, params, batch, rngs), batch)
+  (the task's loss, tasks/base.py `Task.loss`; the paper's by default)."""
+  return loss(model.apply({"params": params}, **_model_kwargs(batch), rngs=rngs), batch)
 
 
 def train_step(
@@ -93,18 +86,15 @@ def train_step(
     loss: Loss,
     grad_accum_steps: int,
     batch_transform: Callable[[dict, jax.Array], dict] | None = None,
-    forward: Callable | None = None,
 ) -> tuple[TrainState, dict]:
   """One update. The gradient is of the loss summed over the batch's target tokens, divided by
   their count: the mean over the whole global batch, however it is split into micro-batches.
-  `batch_transform(batch, rng)` (the task's, tasks/base.py) is applied first; `loss` and
-  `forward`: see `loss_and_metrics`."""
+  `batch_transform(batch, rng)` (the task's, tasks/base.py) is applied first; `loss`: see
+  `loss_and_metrics`."""
   rng = jax.random.fold_in(dropout_rng, state.step)
   if batch_transform is not None:  # its own stream: the dropout masks stay those without it
     batch = batch_transform(batch, jax.random.fold_in(rng, 2**31 - 1))
-  grad_fn = jax.grad(
-      functools.partial(loss_and_metrics, model=model, loss=loss, forward=forward), has_aux=True
-  )
+  grad_fn = jax.grad(functools.partial(loss_and_metrics, model=model, loss=loss), has_aux=True)
 
   if grad_accum_steps == 1:
     grads, metrics = grad_fn(state.params, batch, rngs={"dropout": rng})
@@ -176,15 +166,13 @@ class Trainer:
       loss: Loss | None = None,
       batch_keys: tuple[str, ...] | None = None,
       batch_transform: Callable[[dict, jax.Array], dict] | None = None,
-      forward: Callable | None = None,
       constraint: Any = None,
       predictor: Any = None,
       task: Any = None,
   ):
     """`task`: the run's (tasks/base.py; None: `config.task`'s), which scores its evaluations.
     `model`: the run's (a TransformerConfig: the paper's Transformer of it); `loss`,
-    `batch_transform`, `forward`: `train_step`'s (default: the paper's loss, none, one
-    application of the model); `batch_keys`: the keys
+    `batch_transform`: `train_step`'s (default: the paper's loss, none); `batch_keys`: the keys
     of a batch sent to the devices (None: all); `constraint`: the searches'; `predictor`: what
     decodes in the place of the search (a span chart's parses). The run's task supplies them
     (tasks/base.py, `Trainer.for_task`)."""
@@ -195,7 +183,6 @@ class Trainer:
       loss = functools.partial(losses.sequence_loss, label_smoothing=config.train.label_smoothing)
     self.config = config
     self.loss = loss
-    self.forward = forward
     self.task = tasks.get(config.task) if task is None else task
     self.model_config = model_config
     self.batch_keys = batch_keys
@@ -233,7 +220,6 @@ class Trainer:
         loss=loss,
         grad_accum_steps=config.train.grad_accum_steps,
         batch_transform=batch_transform,  # its arrays are constants of the compiled step
-        forward=forward,
     )
     self._jit_train_step = jax.jit(
         step,
@@ -251,7 +237,7 @@ class Trainer:
   @classmethod
   def for_task(cls, config, task, tokenizer, devices=None) -> Trainer:
     """The trainer of a run of `task` over `tokenizer`'s vocabulary: its model, loss, batch keys,
-    batch transform, forward pass, constraint and predictor (tasks/base.py)."""
+    batch transform, constraint and predictor (tasks/base.py)."""
     model = task.build_model(config, tokenizer)
     return cls(
         config,
@@ -260,7 +246,6 @@ class Trainer:
         loss=task.loss(config, tokenizer),
         batch_keys=task.batch_keys(config),
         batch_transform=task.batch_transform(config, tokenizer),
-        forward=task.forward(config, tokenizer),
         constraint=task.constraint(config, tokenizer),
         predictor=task.predictor(config, model, tokenizer),
         task=task,
