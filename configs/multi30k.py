@@ -16,9 +16,9 @@ references; Wu et al. 2021's text-only Transformer-Tiny: 41.02). Hardware and ti
 ~30 minutes on a newer EPYC (2.2 updates/s). Variant `:rdrop`: the recipe with R-Drop, α 5
 (translation.rdrop_alpha; two runs: validation 40.20-41.37, test2016 40.65-40.78 sacreBLEU,
 41.05-41.19 the papers' way), 2-3x the compute: 75 minutes of training on the newer EPYC and 101
-on the AVX-512 one, over the hour. Variant
-`:tiny`: Wu et al. 2021's Transformer-Tiny recipe on the same data, for comparison. Data:
-../shared/data/multi30k or --config.data.path=DIR (Multi30k: non-commercial research only).
+on the AVX-512 one, over the hour. Variant `:tiny`: Wu et al. 2021's Transformer-Tiny recipe
+on the same data, for comparison. Data: ../shared/data/multi30k or --config.data.path=DIR
+(Multi30k: non-commercial research only).
 
   python train.py --config configs/multi30k.py --workdir /tmp/multi30k
   python train.py --config configs/multi30k.py:rdrop --workdir /tmp/multi30k_rdrop
