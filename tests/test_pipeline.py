@@ -9,7 +9,7 @@ import pytest
 from configs import multi30k, quickstart
 from transformer_jax import config as config_lib
 from transformer_jax.data import batching, pipeline, prepared
-from transformer_jax.data.tokenizer import EOS_ID, SentencePieceTokenizer, WordTokenizer
+from transformer_jax.data.tokenizer import SentencePieceTokenizer, WordTokenizer
 
 
 def small_corpus(directory, num_pairs=400, seed=0):
@@ -145,24 +145,3 @@ def test_multi30k_config_loads_and_batches_with_little_padding(shared_data, tmp_
     real += batching.padding_efficiency(batch) * size
     total += size
   assert real / total > 0.9, f"padding efficiency {real / total:.3f} over one epoch"
-
-
-def test_bpe_dropout_resegments_the_training_batches(tmp_path):
-  import types
-
-  from transformer_jax.training import train
-
-  small_corpus(tmp_path)
-  config = text_config(tmp_path)
-  dataset = pipeline.load_dataset(config, str(tmp_path / "run"))
-  trainer = types.SimpleNamespace(num_batch_shards=1)  # what train_batches reads of it
-  plain = train.train_batches(config, dataset, trainer)
-  config.data.bpe_dropout = 0.1
-  config_lib.validate(config)
-  dropped = train.train_batches(config, dataset, trainer)
-  pieces_per_sentence = []
-  for iterator in (plain, dropped):
-    targets = np.concatenate([next(iterator)["targets"].ravel() for _ in range(20)])
-    pieces_per_sentence.append(np.count_nonzero(targets) / np.count_nonzero(targets == EOS_ID))
-  # The same sentences in more, shorter pieces.
-  assert pieces_per_sentence[1] > 1.05 * pieces_per_sentence[0]

@@ -110,11 +110,6 @@ def data_section() -> ml_collections.ConfigDict:
   # needs nothing). E.g. 8 on a CPU or one GPU, to move to a host of 8; 1 = no constraint.
   s.row_multiple = 1
   s.spm_max_sentences = 1_000_000  # SentencePiece trains on a random sample this big
-  # Not in the paper (§5.1 segments once): BPE-dropout (Provilkov et al. 2020), each training
-  # sentence segmented anew every epoch with every BPE merge dropped at this rate (0: off; they
-  # use 0.1). data/bpe_dropout.py; text and tfds sources, seconds per epoch for 29k pairs.
-  s.bpe_dropout = 0.0
-  s.bpe_dropout_sides = "both"  # or "source", "target": the sides segmented anew
   s.synthetic_seed = 0
   s.synthetic_train_size = 50_000
   s.synthetic_eval_size = 500
@@ -385,17 +380,6 @@ def validate_data(config: ml_collections.ConfigDict, check: Check, sources: tupl
       f"must be 0, or in [2, data.max_len={d.max_len}] with data.packing=True",
   )
   check(d.spm_max_sentences >= 1, "data.spm_max_sentences", "must be >= 1")
-  check(0.0 <= d.bpe_dropout < 1.0, "data.bpe_dropout", "must be in [0, 1) (0: off)")
-  check(
-      d.bpe_dropout_sides in ("both", "source", "target"),
-      "data.bpe_dropout_sides",
-      "must be 'both', 'source' or 'target'",
-  )
-  check(
-      d.bpe_dropout == 0.0 or d.source in ("text", "tfds"),
-      "data.bpe_dropout",
-      f"resegments a SentencePiece corpus: data.source 'text' or 'tfds', not {d.source!r}",
-  )
   check(
       d.tokens_per_batch >= d.max_len,
       "data.tokens_per_batch",

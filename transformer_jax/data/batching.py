@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -325,9 +325,6 @@ class BatchIterator:
       *_segmentation and *_positions.
     packed_source_len: with packing, the source rows' length (0: max_len, as the
       targets'); longer sources are truncated to it (counted in `num_truncated`).
-    resample: epoch -> that epoch's examples (the same pairs, in the same order, each
-      segmented anew: data/bpe_dropout.py), called once per epoch; `examples` is then
-      only counted. An epoch stays a pure function of (seed, epoch) if `resample` is one.
   """
 
   def __init__(
@@ -345,7 +342,6 @@ class BatchIterator:
       drop_remainder: bool = True,
       packing: bool = False,
       packed_source_len: int = 0,
-      resample: Callable[[int], Sequence[Example]] | None = None,
   ):
     if batch_multiple < 1:
       raise ValueError(f"batch_multiple={batch_multiple} must be >= 1.")
@@ -369,11 +365,7 @@ class BatchIterator:
       bucket_lengths = tuple(bucket_lengths)[-1:]  # one row length: max_len
     self._packing = packing
     self._source_len = packed_source_len
-    self._bucket_lengths = bucket_lengths
-    self._resample = resample
-    if resample is not None:
-      examples = resample(0)
-    self._corpus, self._corpus_epoch = _Corpus(examples, bucket_lengths, packed_source_len), 0
+    self._corpus = _Corpus(examples, bucket_lengths, packed_source_len)
     self._rows = self._rows_per_bucket(tokens_per_batch, batch_size, batch_multiple)
     self._batch_multiple = batch_multiple
     self._seed = seed
@@ -434,21 +426,6 @@ class BatchIterator:
     """Global batch rows for each bucket length: the (rows, L) shapes jit will see."""
     return dict(zip(self._corpus.bucket_lengths, self._rows))
 
-  def _corpus_at(self, epoch: int) -> _Corpus:
-    """The examples of `epoch`: always the same ones unless they are resampled per epoch."""
-    if self._resample is None or epoch == self._corpus_epoch:
-      return self._corpus
-    corpus = _Corpus(self._resample(epoch), self._bucket_lengths, self._source_len)
-    if len(corpus) != len(self._corpus):
-      raise ValueError(
-          f"resample({epoch}) gave {len(corpus)} examples, epoch {self._corpus_epoch} had "
-          f"{len(self._corpus)}: an epoch must segment the same pairs anew"
-      )
-    return corpus
-
-  def _start_epoch(self, epoch: int) -> None:
-    self._corpus, self._corpus_epoch = self._corpus_at(epoch), epoch
-
   def _order(self, epoch: int) -> tuple[np.ndarray, np.random.Generator]:
     rng = np.random.default_rng([self._seed, epoch])
     n = len(self._corpus)
@@ -457,16 +434,15 @@ class BatchIterator:
   def _plan(self, epoch: int, part: int) -> list:
     """Global batches of one part of an epoch as (bucket, example indices), or with packing as
     (pairs, counts): the pairs of each row, in order. Pure in (seed, epoch, part)."""
-    corpus = self._corpus_at(epoch)
     if self._packing:
       if self._order_cache[0] != epoch:
         self._order_cache = (epoch, self._order(epoch)[0])
       order = self._order_cache[1][part * _PACK_PART : (part + 1) * _PACK_PART]
-      return self._packed_plan(order, corpus)
+      return self._packed_plan(order)
     order, rng = self._order(epoch)
     # A stable sort by bucket keeps the shuffled order within each bucket.
-    order = order[np.argsort(corpus.bucket[order], kind="stable")]
-    bounds = np.searchsorted(corpus.bucket[order], np.arange(len(self._rows) + 1))
+    order = order[np.argsort(self._corpus.bucket[order], kind="stable")]
+    bounds = np.searchsorted(self._corpus.bucket[order], np.arange(len(self._rows) + 1))
     plan = []
     for b, rows in enumerate(self._rows):
       members = order[bounds[b] : bounds[b + 1]]
@@ -482,8 +458,8 @@ class BatchIterator:
       plan = [plan[i] for i in rng.permutation(len(plan))]
     return plan
 
-  def _packed_plan(self, order: np.ndarray, corpus: _Corpus) -> list[tuple[np.ndarray, np.ndarray]]:
-    rows = self._rows[0]
+  def _packed_plan(self, order: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    corpus, rows = self._corpus, self._rows[0]
     pairs, bounds = pack(
         order,
         corpus.src_lengths + 1,
@@ -510,7 +486,6 @@ class BatchIterator:
       self._part += 1
       if self._part == self._num_parts:
         self._epoch, self._part = self._epoch + 1, 0
-        self._start_epoch(self._epoch)
       self._batch = 0
       self._part_plan = self._plan(self._epoch, self._part)
     if self._packing:
@@ -587,7 +562,6 @@ class BatchIterator:
           f"Saved data state part={part} is outside [0, {self._num_parts}): "
           "packing was switched on or off since the checkpoint."
       )
-    self._start_epoch(epoch)
     plan = self._plan(epoch, part)
     if not 0 <= state["batch"] <= len(plan):
       raise ValueError(

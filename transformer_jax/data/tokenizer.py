@@ -195,19 +195,6 @@ class SentencePieceTokenizer:
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text, out_type=int)
 
-  def pieces(self) -> list[tuple[str, float, bool]]:
-    """(piece, score, normal) of every id: normal is False for control, unknown and unused
-    pieces, which no text segments into (data/bpe_dropout.py reads the merges from the rest)."""
-    sp = self._sp
-    return [
-        (
-            sp.id_to_piece(i),
-            sp.get_score(i),
-            not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i)),
-        )
-        for i in range(sp.get_piece_size())
-    ]
-
   def encode_batch(self, texts: list[str], num_threads: int = -1) -> list[list[int]]:
     """`encode` of each text, by SentencePiece's C++ threads (-1: one per core)."""
     return self._sp.encode(texts, out_type=int, num_threads=num_threads)

@@ -32,7 +32,7 @@ import tqdm
 
 from transformer_jax import cli, errors, files, tasks
 from transformer_jax import config as config_lib
-from transformer_jax.data import batching, bpe_dropout, pipeline
+from transformer_jax.data import batching, pipeline
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import distributed, sharding, xla_flags
@@ -326,19 +326,9 @@ class Trainer:
 def train_batches(config, dataset, trainer: Trainer) -> batching.BatchIterator:
   """This process's training batches of `dataset` as `config.data` asks for them (buckets or
   packed rows, ~tokens_per_batch per side), rows a multiple of the trainer's batch shards."""
-  examples = dataset.splits["train"].examples
-  resample = None
-  rate = config.data.get("bpe_dropout", 0.0)  # configs saved before the key existed
   try:
-    if rate:
-      problem = bpe_dropout.check_corpus(dataset.tokenizer, examples)
-      if problem:
-        raise ValueError(f"bpe_dropout={rate}: {problem}")
-      resample = bpe_dropout.BpeDropout(
-          dataset.tokenizer, examples, rate, config.seed, config.data.bpe_dropout_sides
-      ).examples
     return batching.BatchIterator(
-        examples,
+        dataset.splits["train"].examples,
         seed=config.seed,
         bucket_lengths=dataset.bucket_lengths(config.data),
         tokens_per_batch=config.data.tokens_per_batch,
@@ -347,7 +337,6 @@ def train_batches(config, dataset, trainer: Trainer) -> batching.BatchIterator:
         process_count=jax.process_count(),
         packing=config.data.get("packing", False),  # configs saved before the key existed
         packed_source_len=config.data.get("packed_source_len", 0),
-        resample=resample,
     )
   except ValueError as e:  # the data and the batch settings do not fit: e.g. no full batch
     raise config_lib.ConfigError(f"config.data: {e}") from None
