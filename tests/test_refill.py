@@ -178,3 +178,24 @@ def test_the_eval_config_sets_the_searchs_matmul_dtype():
   config.eval.matmul_dtype = "float16"
   with pytest.raises(config_lib.ConfigError, match=r"eval\.matmul_dtype='float16'"):
     config_lib.validate(config)
+
+
+def test_a_model_trained_with_bfloat16_matmuls_decodes_with_them_unless_told():
+  """`model.matmul_dtype` (a training deviation for speed) reaches the model trained and, with
+  eval.matmul_dtype "", the search's; eval.matmul_dtype "float32" decodes in float32. A dtype
+  the model cannot take is refused before training, naming config.model."""
+  config = config_lib.default_config()
+  assert config.model.matmul_dtype is None
+  config.model.matmul_dtype = "bfloat16"
+  model_config = config_lib.model_config(config, 100)
+  assert model_config.matmul_dtype == jax.numpy.bfloat16
+  assert (
+      inference.eval_predictor(config, model_config, None).config.matmul_dtype == jax.numpy.bfloat16
+  )
+  config.eval.matmul_dtype = "float32"
+  assert (
+      inference.eval_predictor(config, model_config, None).config.matmul_dtype == jax.numpy.float32
+  )
+  config.model.matmul_dtype = "bfloat8"
+  with pytest.raises(config_lib.ConfigError, match=r"config\.model: .*bfloat8"):
+    config_lib.validate(config)

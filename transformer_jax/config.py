@@ -70,6 +70,11 @@ def model_section() -> ml_collections.ConfigDict:
   s.norm_position = "post"
   s.dtype = "float32"
   s.param_dtype = "float32"
+  # The layers' matmuls (model/config.py `matmul_dtype`): None, in `dtype`; "bfloat16" (a
+  # deviation, off by default) rounds their inputs, and in training their gradients, to bf16 and
+  # sums in `dtype`: about 2x the matmul rate of float32 on a CPU with bf16 dot products
+  # (docs/experiments.md). Decoding keeps it unless eval.matmul_dtype says otherwise.
+  s.matmul_dtype = _placeholder(str)
   s.attention_impl = "auto"  # auto | xla | cudnn | einsum (auto: cuDNN fused on GPU bf16)
   s.remat_policy = "none"  # none | full | dots | dots_no_batch: recompute layers in backward
   s.scan_layers = False  # nn.scan over layers: compile time independent of depth
@@ -179,10 +184,10 @@ def eval_section() -> ml_collections.ConfigDict:
   # where it measured faster than batches (batch_shapes.REFILL_FASTER_ON, docs/benchmarks.md);
   # "on": always; "off": in batches, as beam search.
   s.refill = "auto"
-  # The encoder's and decoder's matmuls when decoding (model/config.py `matmul_dtype`): "" in the
-  # model's dtype; "bfloat16" (a deviation, off by default) rounds their inputs to bf16 and sums
-  # in float32: faster on a CPU with bf16 dot products, and some translations change (figures in
-  # docs/translation.md).
+  # The encoder's and decoder's matmuls when decoding (model/config.py `matmul_dtype`): "" as the
+  # model was trained (model.matmul_dtype, else its dtype); "bfloat16" (a deviation, off by
+  # default) rounds their inputs to bf16 and sums in float32: faster on a CPU with bf16 dot
+  # products, and some translations change (figures in docs/translation.md).
   s.matmul_dtype = ""
   return s
 

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import inspect
 import io
+import math
 import textwrap
 import tokenize
 from typing import Any
@@ -126,47 +127,117 @@ def source_digest(fn: Any) -> str:
 
 def einsum(cfg, subscripts: str, x: jax.Array, weight: jax.Array) -> jax.Array:
   """einsum of an activation and a layer's weight (both in `cfg.dtype`), or, with
-  `cfg.matmul_dtype`, of the two rounded to it, the products summed and returned in `cfg.dtype`."""
+  `cfg.matmul_dtype`, of the two rounded to it, the products summed and returned in `cfg.dtype`
+  (`rounded_einsum`: its gradients too)."""
   if cfg.matmul_dtype is None:
     return jnp.einsum(subscripts, x, weight)
-  x, weight = x.astype(cfg.matmul_dtype), weight.astype(cfg.matmul_dtype)
-  return jnp.einsum(subscripts, x, weight, preferred_element_type=cfg.dtype)
+  return rounded_einsum(subscripts, cfg.matmul_dtype, cfg.dtype, x, weight)
 
 
 def dot_general(cfg):
-  """A flax Dense's `dot_general` for `cfg.matmul_dtype` (None: flax's own, `cfg.dtype`)."""
+  """A flax Dense's `dot_general` for `cfg.matmul_dtype` (None: flax's own, `cfg.dtype`): its
+  input's trailing axes contracted with the kernel's leading ones, as a `rounded_einsum` over
+  their flattened forms."""
   if cfg.matmul_dtype is None:
     return None
 
   def dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    del preferred_element_type  # the products are summed in cfg.dtype
-    lhs, rhs = lhs.astype(cfg.matmul_dtype), rhs.astype(cfg.matmul_dtype)
-    return jax.lax.dot_general(
-        lhs, rhs, dimension_numbers, precision, preferred_element_type=cfg.dtype
+    del precision, preferred_element_type  # the products are summed in cfg.dtype
+    (lhs_axes, rhs_axes), batch_axes = dimension_numbers
+    k = len(lhs_axes)
+    if batch_axes != ((), ()) or (
+        tuple(lhs_axes) != tuple(range(lhs.ndim - k, lhs.ndim))
+        or tuple(rhs_axes) != tuple(range(k))
+    ):
+      raise NotImplementedError(f"matmul_dtype: a Dense contraction, not {dimension_numbers}")
+    rows, inner = lhs.shape[: lhs.ndim - k], rhs.shape[:k]
+    flat = rounded_einsum(
+        "ni,io->no",
+        cfg.matmul_dtype,
+        cfg.dtype,
+        lhs.reshape(-1, math.prod(inner)),
+        rhs.reshape(math.prod(inner), -1),
     )
+    return flat.reshape(rows + rhs.shape[k:])
 
   return dot
 
 
-@jax.custom_vjp
-def output_projection(x: jax.Array, embedding: jax.Array) -> jax.Array:
+def rounded_einsum(subscripts: str, dtype: Any, out_dtype: Any, x: jax.Array, w: jax.Array):
+  """einsum(subscripts, x, w) of the two rounded to `dtype`, the products summed and returned in
+  `out_dtype` (`matmul_dtype`, a deviation: bfloat16 products run at about twice float32's rate
+  on a CPU with bf16 dot products, docs/experiments.md). Its backward rounds the output's
+  gradient to `dtype` too, so that the two matmuls of the backward pass are of the same kind;
+  left to JAX, they would multiply a float32 gradient by a bf16 operand, in float32. Each index
+  of x and w appears in one of the other two terms (a layer's matmul), as the backward needs."""
+  # In out_dtype on the way in, so that the gradients returned are of the operands' dtype.
+  return _rounded_einsum(subscripts, dtype, out_dtype, x.astype(out_dtype), w.astype(out_dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _rounded_einsum(subscripts, dtype, out_dtype, x, w):
+  return jnp.einsum(subscripts, x.astype(dtype), w.astype(dtype), preferred_element_type=out_dtype)
+
+
+def _rounded_einsum_fwd(subscripts, dtype, out_dtype, x, w):
+  x, w = x.astype(dtype), w.astype(dtype)
+  return jnp.einsum(subscripts, x, w, preferred_element_type=out_dtype), (x, w)
+
+
+def _rounded_einsum_bwd(subscripts, dtype, out_dtype, residuals, g):
+  x, w = residuals  # rounded to dtype
+  inputs, out = subscripts.replace(" ", "").split("->")
+  x_axes, w_axes = inputs.split(",")
+  if not (set(x_axes) <= set(w_axes + out) and set(w_axes) <= set(x_axes + out)):
+    raise NotImplementedError(f"rounded_einsum: {subscripts!r} sums an axis of one operand alone")
+  g = g.astype(dtype)
+  dx = jnp.einsum(f"{out},{w_axes}->{x_axes}", g, w, preferred_element_type=out_dtype)
+  dw = jnp.einsum(f"{x_axes},{out}->{w_axes}", x, g, preferred_element_type=out_dtype)
+  return dx, dw
+
+
+_rounded_einsum.defvjp(_rounded_einsum_fwd, _rounded_einsum_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def output_projection(x: jax.Array, embedding: jax.Array, matmul_dtype: Any = None) -> jax.Array:
   """x [b, t, e] @ embedding [v, e]ᵀ -> logits [b, t, v], float32 (§3.4's shared pre-softmax
   layer). The custom backward only fixes which operand XLA transposes for the embedding gradient:
   left alone, XLA:CPU materialises the transpose of the logits gradient [v, b*t] (the largest
-  tensor of the step); here it transposes x [e, b*t] and the small result [e, v] instead."""
+  tensor of the step); here it transposes x [e, b*t] and the small result [e, v] instead. With
+  `matmul_dtype` (a deviation, model/config.py) x, the embedding and, in the backward pass, the
+  logits' gradient are rounded to it, as `rounded_einsum` does."""
+  if matmul_dtype is not None:
+    x, embedding = x.astype(matmul_dtype), embedding.astype(matmul_dtype)
   return jnp.einsum("bte,ve->btv", x, embedding, preferred_element_type=jnp.float32)
 
 
-def _output_projection_bwd(residuals, g):
-  """The gradients JAX's own rule computes (same dtypes: float32 accumulation, cast back)."""
+def _output_projection_fwd(x, embedding, matmul_dtype):
+  return output_projection(x, embedding, matmul_dtype), (x, embedding)
+
+
+def _output_projection_bwd(matmul_dtype, residuals, g):
+  """The gradients JAX's own rule computes (same dtypes: float32 accumulation, cast back); with
+  `matmul_dtype`, of the operands and the gradient g rounded to it."""
   x, embedding = residuals  # g: [b, t, v] float32
+  x_in, embedding_in = x, embedding
   f32 = jnp.float32
+  if matmul_dtype is not None:
+    x, embedding, g = x.astype(matmul_dtype), embedding.astype(matmul_dtype), g.astype(matmul_dtype)
+    # As matrices: XLA:CPU runs a bf16 x bf16 -> float32 product of two contracted axes in a
+    # kernel that does not take those types.
+    b, t, e = x.shape
+    x, g = x.reshape(b * t, e), g.reshape(b * t, -1)
+    dx = jax.lax.dot_general(g, embedding, (((1,), (0,)), ((), ())), preferred_element_type=f32)
+    x_t = jax.lax.optimization_barrier(x.T)  # [e, b*t], materialised
+    d_embedding = jax.lax.dot_general(x_t, g, (((1,), (0,)), ((), ())), preferred_element_type=f32)
+    return dx.reshape(b, t, e).astype(x_in.dtype), d_embedding.T.astype(embedding_in.dtype)
   dx = jax.lax.dot_general(g, embedding, (((2,), (0,)), ((), ())), preferred_element_type=f32)
   x_t = jax.lax.optimization_barrier(jnp.transpose(x, (2, 0, 1)))  # [e, b, t], materialised
   d_embedding = jax.lax.dot_general(
       x_t, g, (((1, 2), (0, 1)), ((), ())), preferred_element_type=f32
   ).T  # [e, v] -> [v, e]
-  return dx.astype(x.dtype), d_embedding.astype(embedding.dtype)  # [b, t, e], [v, e]
+  return dx.astype(x_in.dtype), d_embedding.astype(embedding_in.dtype)  # [b, t, e], [v, e]
 
 
-output_projection.defvjp(lambda x, e: (output_projection(x, e), (x, e)), _output_projection_bwd)
+output_projection.defvjp(_output_projection_fwd, _output_projection_bwd)

@@ -52,8 +52,9 @@ class TransformerConfig:
   norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in §3.1; "pre": pre-LN
   layer_norm_epsilon: float = 1e-6
   dtype: Any = jnp.float32  # compute dtype; bfloat16 for mixed precision
-  # The layers' matmuls (not attention over keys): None, in `dtype`; bfloat16 (a deviation for
-  # decoding, `eval.matmul_dtype`): inputs rounded to it, products summed in `dtype` (kernels.py).
+  # The layers' matmuls (not attention over keys): None, in `dtype`; bfloat16 (a deviation, for
+  # speed on CPUs with bf16 dot products): inputs, and in training the gradients of their
+  # outputs, rounded to it, products summed in `dtype` (kernels.py `rounded_einsum`).
   matmul_dtype: Any = None
   param_dtype: Any = jnp.float32
   attention_impl: str = "auto"  # one of ATTENTION_IMPLS (kernels.py)

@@ -193,9 +193,9 @@ class Embed(nn.Module):
   def attend(self, x: jax.Array) -> jax.Array:
     """x [b, t, e] -> logits [b, t, v] in float32 (accumulated in float32 even for bf16 x)."""
     cfg = self.config
-    if cfg.matmul_dtype is not None:  # model/config.py; the products are summed in float32
-      x = x.astype(cfg.matmul_dtype)
-    return kernels.output_projection(x, self.embedding.astype(cfg.matmul_dtype or cfg.dtype))
+    # With matmul_dtype (model/config.py) the inputs are rounded to it, the products summed in
+    # float32.
+    return kernels.output_projection(x, self.embedding.astype(cfg.dtype), cfg.matmul_dtype)
 
 
 def _mask(keys, query_segments, key_segments, causal: bool = False) -> AttentionMask:

@@ -23,7 +23,9 @@ dropout masks and two output distributions P1 and P2 per target token. The loss 
 label-smoothed cross entropy of both copies plus α times their symmetric KL divergence
 ½ (KL(P1 || P2) + KL(P2 || P1)) summed over the pair's target tokens, all divided by the tokens
 of both copies (Liang et al.'s Eq. 3, in fairseq's normalization). An update costs 2-3x the
-compute; evaluation is unchanged.
+compute; evaluation is unchanged. With `translation.rdrop_rows` = f < 1 (a deviation from Liang
+et al., who copy every pair) only the first ⌊f b⌋ rows of a batch of b get a copy: the cross
+entropy of all b rows and of the copies, the KL over the copied pairs, for (1 + f)x the compute.
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ TOKEN_DROPOUT = {"decoder_inputs": "target_token_dropout", "inputs": "source_tok
 # The split key of `scores` ("eval") and `test_results` ("test") -> its config.data split name.
 _SPLIT_NAMES = {"eval": "eval_split", "test": "test_split"}
 
-# R-Drop: the key a doubled training batch carries (0 for a row of the first copy, 1 for the
-# second), so the loss tells it from an evaluation batch. The copies are stacked, not
-# interleaved: a micro-batch of gradient accumulation (rows k, k + A, ...) then holds both copies
-# of each of its pairs, its first half against its second.
+# R-Drop: the key a doubled training batch carries, one entry per copy, so the loss tells it from
+# an evaluation batch and knows how many rows are copies. The copies are stacked after the batch,
+# not interleaved: a micro-batch of gradient accumulation (rows k, k + A, ...) then holds its own
+# pairs followed by the copies of its first ones (double_batch).
 RDROP_COPY = "rdrop_copy"
 
 
@@ -77,6 +79,9 @@ class TranslationTask(base.Task):
     s.target_token_dropout = 0.0
     # R-Drop's α (module docstring): 0 = off, the paper's; each update costs 2-3x with it on.
     s.rdrop_alpha = 0.0
+    # The fraction of each batch's rows that get a copy (module docstring): 1.0, every row, is
+    # Liang et al.'s; less is a deviation, for (1 + rdrop_rows)x the compute.
+    s.rdrop_rows = 1.0
     return s
 
   def validate(self, config, check):
@@ -91,6 +96,8 @@ class TranslationTask(base.Task):
           "translation.rdrop_alpha",
           "compares two dropout masks: set model.dropout_rate or model.attention_dropout_rate",
       )
+    rows = config.translation.rdrop_rows
+    check(0.0 < rows <= 1.0, "translation.rdrop_rows", "must be in (0, 1] (1: every row copied)")
     # A tokenized reference file of the wrong length fails here, not after training.
     for key in _SPLIT_NAMES:
       field = f"translation.tokenized_{key}_references"
@@ -119,7 +126,8 @@ class TranslationTask(base.Task):
     drop = functools.partial(drop_tokens, rates=rates) if rates else None
     if not config.translation.rdrop_alpha:
       return drop
-    return lambda batch, rng: double_batch(drop(batch, rng) if drop else batch)
+    rows, micro = config.translation.rdrop_rows, config.train.grad_accum_steps
+    return lambda batch, rng: double_batch(drop(batch, rng) if drop else batch, rows, micro)
 
   def loss(self, config, tokenizer):
     if not config.translation.rdrop_alpha:
@@ -184,21 +192,27 @@ def drop_tokens(batch: dict, rng, rates: dict[str, float]) -> dict:
   return out
 
 
-def double_batch(batch: dict) -> dict:
-  """R-Drop (module docstring): every array of `batch` stacked on itself, [b, ...] -> [2b, ...],
-  and RDROP_COPY saying which copy a row is."""
+def double_batch(batch: dict, fraction: float = 1.0, micro_batches: int = 1) -> dict:
+  """R-Drop (module docstring): every array of `batch` followed by a copy of its first m rows,
+  [b, ...] -> [b + m, ...], and RDROP_COPY [m]: m = ⌊fraction b⌋ rounded down to a multiple of
+  `micro_batches` (at least that many). Micro-batch k of gradient accumulation takes rows k,
+  k + A, ... (training/train.py), so it then holds its own pairs followed by copies of its first
+  m / A of them, as the loss expects."""
   import jax.numpy as jnp
 
-  out = {key: jnp.concatenate([value, value], axis=0) for key, value in batch.items()}
   rows = next(iter(batch.values())).shape[0]
-  out[RDROP_COPY] = jnp.repeat(jnp.arange(2, dtype=jnp.int32), rows)  # [2b]
+  copies = rows if fraction >= 1.0 else int(fraction * rows) // micro_batches * micro_batches
+  copies = min(rows, max(copies, micro_batches))
+  out = {key: jnp.concatenate([value, value[:copies]], axis=0) for key, value in batch.items()}
+  out[RDROP_COPY] = jnp.ones((copies,), jnp.int32)  # [m]
   return out
 
 
 def rdrop_loss(logits, batch: dict, label_smoothing: float, alpha: float):
   """The task's loss with R-Drop (module docstring): §5.4's label-smoothed cross entropy of the
-  logits [2b, t, v] of a doubled batch plus α ½ Σ (KL(P1 || P2) + KL(P2 || P1)) over the first
-  copy's target tokens; on a batch that is not doubled (evaluation), the cross entropy alone."""
+  logits [b + m, t, v] of a doubled batch plus α ½ Σ (KL(P1 || P2) + KL(P2 || P1)) over the
+  target tokens of its first m rows, P2 the last m rows' (their copies); on a batch that is not
+  doubled (evaluation), the cross entropy alone."""
   import jax
   import jax.numpy as jnp
 
@@ -208,12 +222,12 @@ def rdrop_loss(logits, batch: dict, label_smoothing: float, alpha: float):
   loss_sum, metrics = losses.sequence_loss(logits, batch, label_smoothing)
   if RDROP_COPY not in batch:
     return loss_sum, metrics
-  rows = logits.shape[0] // 2
-  log_p = jax.nn.log_softmax(logits[:rows].astype(jnp.float32), axis=-1)  # [b, t, v]
-  log_q = jax.nn.log_softmax(logits[rows:].astype(jnp.float32), axis=-1)  # [b, t, v]
+  rows = batch[RDROP_COPY].shape[0]  # m, static
+  log_p = jax.nn.log_softmax(logits[:rows].astype(jnp.float32), axis=-1)  # [m, t, v]
+  log_q = jax.nn.log_softmax(logits[-rows:].astype(jnp.float32), axis=-1)  # [m, t, v]
   # ½ (KL(p || q) + KL(q || p)) = ½ Σ_v (p_v - q_v)(log p_v - log q_v)
   symmetric_kl = 0.5 * jnp.sum((jnp.exp(log_p) - jnp.exp(log_q)) * (log_p - log_q), axis=-1)
-  weights = (batch["targets"][:rows] != PAD_ID).astype(jnp.float32)  # [b, t]
+  weights = (batch["targets"][:rows] != PAD_ID).astype(jnp.float32)  # [m, t]
   return loss_sum + alpha * jnp.sum(symmetric_kl * weights), metrics
 
 
