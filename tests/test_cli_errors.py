@@ -37,7 +37,7 @@ def _variants(name: str) -> list[str]:
       "big.py": ["enfr"],
       "quickstart.py": ["smoke"],
       "parsing_sample.py": ["chart"],
-      "multi30k.py": ["rdrop", "tiny"],
+      "multi30k.py": ["tiny"],
   }
   return variants.get(name, [])
 
