@@ -9,11 +9,12 @@ checkpoints is scored on the whole validation set and the best is evaluated at t
 (train.select_on_validation, not in the paper; patience 4), so more updates never choose a worse
 model on validation.
 
-Expected (one run; docs/results.md): test2016 sacreBLEU 40.8, 41.2 as the Multi30k papers score
-it (`test_bleu_lc_norm_tok`: lowercased, normalized, Moses-tokenized against the dataset's tok/
-references; Wu et al. 2021's text-only Transformer-Tiny: 41.02); validation 41.6. Hardware and
-time: 2 CPU cores, 58 minutes on a 2-vCPU AMD EPYC VM with AVX-512 and bf16 dot products (a CPU
-without them may run bf16 matmuls slower than float32: --config.model.matmul_dtype=float32).
+Expected (three seeds; docs/results.md): test2016 sacreBLEU 40.7-40.8, 41.1-41.2 as the Multi30k
+papers score it (`test_bleu_lc_norm_tok`: lowercased, normalized, Moses-tokenized against the
+dataset's tok/ references; Wu et al. 2021's text-only Transformer-Tiny: 41.02); validation
+41.0-41.8. Hardware and time: 2 CPU cores, 58-64 minutes on a 2-vCPU AMD EPYC VM with AVX-512 and
+bf16 dot products, as fast as the shared VM ran (a CPU without them may run bf16 matmuls slower
+than float32: --config.model.matmul_dtype=float32).
 Variant `:tiny`: Wu et al. 2021's Transformer-Tiny recipe on the same data, for comparison. Data:
 ../shared/data/multi30k or --config.data.path=DIR (Multi30k: non-commercial research only).
 
