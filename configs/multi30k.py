@@ -101,7 +101,7 @@ def get_config(arg: str | None = None):
   # Defined by its updates, not by the clock: the same model on any machine. Each 500 updates the
   # mean of the last 5 checkpoints is scored on the whole validation set and the best is kept and
   # evaluated at the end, so more updates (a longer num_steps, or the run resumed with one) never
-  # choose a worse model on validation. 3,000: what fits the hour on the 2-core VM; the schedule
+  # choose a worse model on validation. 3,000: about an hour on the 2-core VM; the schedule
   # does not depend on num_steps.
   config.train.num_steps = 3000
   config.train.warmup_steps = 400  # §5.3's 4000 would be most of the run
